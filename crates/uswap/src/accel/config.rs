@@ -1,0 +1,78 @@
+//! The knobs of the software compression device.
+
+use std::time::Duration;
+
+/// How callers are mapped to engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mapping {
+    /// A calling thread always submits to the same engine (IAA's per-core
+    /// mapping to the package-local device).
+    Local,
+    /// Jobs are spread round-robin over all engines (the series' global WQ).
+    Global,
+}
+
+impl std::str::FromStr for Mapping {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Mapping, String> {
+        match s {
+            "local" => Ok(Mapping::Local),
+            "global" => Ok(Mapping::Global),
+            other => Err(format!("unknown mapping {other:?}: expected local or global")),
+        }
+    }
+}
+
+/// Configuration of a [`crate::accel::Device`].
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Engine threads; 0 runs every job synchronously on the caller.
+    pub engines: usize,
+    /// Descriptors per engine work queue.
+    pub queue_depth: usize,
+    /// The batch size callers should use (IAA's is 8).
+    pub batch_size: usize,
+    /// Caller-to-engine mapping.
+    pub mapping: Mapping,
+    /// Decompress and compare (CRC32C) every compressed result.
+    pub verify: bool,
+    /// Let the caller run not-yet-started jobs of its own batch.
+    pub caller_assist: bool,
+    /// Pin engine i to CPU i mod the number of CPUs this process may use.
+    pub pin: bool,
+    /// Attempts to enqueue on a full queue before falling back to software.
+    pub submit_retries: u32,
+    /// Spins an idle engine makes before it sleeps.
+    pub idle_spins: u32,
+    /// How long a waiting caller tolerates no progress before it takes its
+    /// still-queued jobs back and runs them itself.
+    pub stall_timeout: Duration,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            engines: 2,
+            queue_depth: 64,
+            batch_size: 8,
+            mapping: Mapping::Global,
+            verify: false,
+            caller_assist: true,
+            pin: true,
+            submit_retries: 64,
+            idle_spins: 20_000,
+            stall_timeout: Duration::from_millis(100),
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// The default configuration with `engines` engines.
+    pub fn with_engines(engines: usize) -> DeviceConfig {
+        DeviceConfig {
+            engines,
+            ..DeviceConfig::default()
+        }
+    }
+}

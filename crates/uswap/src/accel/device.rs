@@ -1,0 +1,363 @@
+//! The device: engine start-up and shutdown, submission with retry and
+//! software fallback, polling, batches, and the submit/poll/wait scope.
+//!
+//! # Why the borrowed buffers are safe
+//!
+//! Engine queues hold raw pointers to completion records ([`Cell`]s) that
+//! point into the caller's buffers. Every path that submits jobs — a batch
+//! call or a [`Device::scope`] — counts each queue entry it makes in a
+//! [`Group`] and does not return (not even by unwinding) until engines have
+//! released every entry. An engine's release is its last access to the
+//! batch. So no engine ever touches a buffer or record after its owner has
+//! moved on.
+
+use super::config::{DeviceConfig, Mapping};
+use super::engine::{self, Engine, Shared};
+use super::job::{Cell, Descriptor, Group, Job, JobError, Op, PENDING, SLEEPING};
+use super::stats::DeviceStats;
+use crate::codec::Codec;
+use std::cell::{RefCell, UnsafeCell};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Spins a waiting caller makes before it sleeps on the futex.
+const WAIT_SPINS: u32 = 4_000;
+
+/// A software model of a multi-engine compression device.
+pub struct Device {
+    shared: Arc<Shared>,
+    config: DeviceConfig,
+    round_robin: AtomicUsize,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("config", &self.config).finish()
+    }
+}
+
+static NEXT_LOCAL_ENGINE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's engine under the `local` mapping, chosen on first use.
+    static LOCAL_ENGINE: usize = NEXT_LOCAL_ENGINE.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Device {
+    /// Starts a device with `config.engines` engine threads.
+    pub fn new(config: DeviceConfig) -> std::io::Result<Device> {
+        let shared = Arc::new(Shared {
+            engines: (0..config.engines).map(|_| Engine::new(config.queue_depth)).collect(),
+            caller: Default::default(),
+            shutdown: Default::default(),
+            verify: config.verify,
+            idle_spins: config.idle_spins,
+            corrupt_next: AtomicU32::new(0),
+        });
+        let mut device = Device {
+            shared,
+            config,
+            round_robin: AtomicUsize::new(0),
+            threads: Vec::new(),
+        };
+        for index in 0..device.config.engines {
+            // On error, dropping `device` stops the engines already started.
+            let handle = engine::spawn(device.shared.clone(), index, device.config.pin)?;
+            engine::register(&device.shared, index, handle.thread().clone());
+            device.threads.push(handle);
+        }
+        Ok(device)
+    }
+
+    /// A device with no engines: every job runs on the caller.
+    pub fn synchronous() -> Device {
+        Device::new(DeviceConfig::with_engines(0)).expect("a device without engines starts no thread")
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// How many jobs a caller should put in one batch.
+    pub fn batch_size(&self) -> usize {
+        self.config.batch_size.max(1)
+    }
+
+    /// Whether batches run in parallel; without engines a caller gains
+    /// nothing by batching and may as well call the codec page by page.
+    pub fn has_batching(&self) -> bool {
+        self.config.engines > 0
+    }
+
+    /// Compresses every job's `src` into its `dst`; each job's `result` is
+    /// the compressed length or the error.
+    pub fn compress_batch(&self, codec: &dyn Codec, jobs: &mut [Job<'_>]) {
+        self.run_batch(codec, Op::Compress, jobs);
+    }
+
+    /// Decompresses every job's `src` into exactly its `dst`.
+    pub fn decompress_batch(&self, codec: &dyn Codec, jobs: &mut [Job<'_>]) {
+        self.run_batch(codec, Op::Decompress, jobs);
+    }
+
+    /// One job, run where the device would run it.
+    pub fn run_one(&self, codec: &dyn Codec, op: Op, src: &[u8], dst: &mut [u8]) -> Result<usize, JobError> {
+        let mut jobs = [Job::new(src, dst)];
+        self.run_batch(codec, op, &mut jobs);
+        jobs[0].result.take().expect("a finished batch has every result")
+    }
+
+    fn run_batch(&self, codec: &dyn Codec, op: Op, jobs: &mut [Job<'_>]) {
+        if self.config.engines == 0 {
+            for job in jobs.iter_mut() {
+                job.result = Some(self.shared.run_job(codec, op, job.src, job.dst, &self.shared.caller));
+            }
+            return;
+        }
+        let group = Group::new();
+        let cells: Vec<Cell> = jobs.iter_mut().map(|job| new_cell(codec, op, job, &group)).collect();
+        let guard = WaitGuard { device: self, group: &group };
+        for cell in &cells {
+            self.submit_cell(cell);
+        }
+        if self.config.caller_assist {
+            // Engines take from the front of their queues; take from the back.
+            for cell in cells.iter().rev() {
+                if cell.claim() {
+                    self.shared.execute(cell, &self.shared.caller);
+                }
+            }
+        }
+        drop(guard);
+        for (job, cell) in jobs.iter_mut().zip(&cells) {
+            job.result = cell.result();
+        }
+    }
+
+    fn pick_engine(&self) -> usize {
+        let k = self.config.engines;
+        match self.config.mapping {
+            Mapping::Local => LOCAL_ENGINE.with(|e| *e) % k,
+            Mapping::Global => self.round_robin.fetch_add(1, Ordering::Relaxed) % k,
+        }
+    }
+
+    /// Queues a cell on an engine; a queue that stays full makes the job run
+    /// here and now in software.
+    fn submit_cell(&self, cell: &Cell) {
+        let index = self.pick_engine();
+        let engine = &self.shared.engines[index];
+        // SAFETY: the cell's group lives as long as the cell (same batch).
+        let group = unsafe { &*cell.group };
+        group.outstanding.fetch_add(1, Ordering::AcqRel);
+        let mut desc = Descriptor(cell as *const Cell);
+        for attempt in 0..=self.config.submit_retries {
+            match engine.queue.push(desc) {
+                Ok(()) => {
+                    engine.notify();
+                    return;
+                }
+                Err(back) => {
+                    desc = back;
+                    if attempt < self.config.submit_retries {
+                        engine.counters.queue_full_retries.fetch_add(1, Ordering::Relaxed);
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+        group.outstanding.fetch_sub(1, Ordering::AcqRel);
+        engine.counters.sw_fallbacks.fetch_add(1, Ordering::Relaxed);
+        if cell.claim() {
+            self.shared.execute(cell, &self.shared.caller);
+        }
+    }
+
+    /// Blocks until engines have released every queue entry of `group`.
+    /// Polls first, then sleeps on the futex; if nothing moves for the stall
+    /// timeout, it drains the queues itself, acting as the engine.
+    fn wait_group(&self, group: &Group) {
+        let mut spins = 0;
+        let mut last_seen = u32::MAX;
+        let mut last_progress = None::<Instant>;
+        loop {
+            let value = group.outstanding.load(Ordering::Acquire);
+            let count = value & !SLEEPING;
+            if count == 0 {
+                return;
+            }
+            if spins < WAIT_SPINS {
+                spins += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if count != last_seen {
+                last_seen = count;
+                last_progress = Some(now);
+            } else if last_progress.is_some_and(|t| now - t >= self.config.stall_timeout) {
+                self.recover_stalled();
+                last_progress = Some(Instant::now());
+                continue;
+            }
+            let sleeping = value | SLEEPING;
+            if value == sleeping
+                || group
+                    .outstanding
+                    .compare_exchange(value, sleeping, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                super::futex::wait(&group.outstanding, sleeping, self.config.stall_timeout / 4);
+            }
+        }
+    }
+
+    /// Takes every queued entry off every paused-or-stuck engine's queue and
+    /// runs it here.
+    fn recover_stalled(&self) {
+        for engine in &self.shared.engines {
+            while let Some(desc) = engine.queue.pop() {
+                engine.counters.stall_recoveries.fetch_add(1, Ordering::Relaxed);
+                self.shared.process(desc, &self.shared.caller);
+            }
+        }
+    }
+
+    /// Runs `f` with a [`Scope`] for submitting single jobs and polling them;
+    /// returns only when every job submitted in it has finished.
+    pub fn scope<'env, R>(&'env self, f: impl FnOnce(&Scope<'env>) -> R) -> R {
+        let scope = Scope {
+            device: self,
+            group: Box::new(Group::new()),
+            cells: RefCell::new(Vec::new()),
+        };
+        let result = f(&scope);
+        drop(scope);
+        result
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> DeviceStats {
+        DeviceStats {
+            engines: self.shared.engines.iter().map(|e| e.counters.snapshot()).collect(),
+            caller: self.shared.caller.snapshot(),
+        }
+    }
+
+    /// Fault injection: the next `count` compressed results get one byte
+    /// flipped, as a faulty engine would return them.
+    pub fn inject_corruption(&self, count: u32) {
+        self.shared.corrupt_next.fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// Fault injection: a paused engine stops taking jobs from its queue (an
+    /// engine that stops answering).
+    pub fn pause_engine(&self, index: usize, paused: bool) {
+        let engine = &self.shared.engines[index];
+        engine.paused.store(paused, Ordering::Release);
+        engine.kick();
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        for engine in &self.shared.engines {
+            engine.kick();
+        }
+        for handle in self.threads.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn new_cell(codec: &dyn Codec, op: Op, job: &mut Job<'_>, group: &Group) -> Cell {
+    Cell {
+        state: AtomicU8::new(PENDING),
+        op,
+        // SAFETY: only the trait object's lifetime is erased; the batch that
+        // owns this cell outlives every use of the pointer (module docs).
+        codec: unsafe { std::mem::transmute::<*const (dyn Codec + '_), *const (dyn Codec + 'static)>(codec) },
+        src: job.src.as_ptr(),
+        src_len: job.src.len(),
+        dst: job.dst.as_mut_ptr(),
+        dst_len: job.dst.len(),
+        result: UnsafeCell::new(None),
+        group: group as *const Group,
+    }
+}
+
+/// Waits for a batch's queue entries on every exit path, unwinding included.
+struct WaitGuard<'a> {
+    device: &'a Device,
+    group: &'a Group,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.device.wait_group(self.group);
+    }
+}
+
+/// A handle to one job submitted in a [`Scope`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(usize);
+
+/// Single-job submission: `submit`, then `poll` or `wait`.
+pub struct Scope<'env> {
+    device: &'env Device,
+    group: Box<Group>,
+    cells: RefCell<Vec<Box<Cell>>>,
+}
+
+impl<'env> Scope<'env> {
+    /// Submits one job. Never blocks: a full queue falls back to running the
+    /// job here (and with no engines every job runs here).
+    pub fn submit(&self, codec: &'env dyn Codec, op: Op, src: &'env [u8], dst: &'env mut [u8]) -> Ticket {
+        let mut job = Job::new(src, dst);
+        let cell = Box::new(new_cell(codec, op, &mut job, &self.group));
+        let device = self.device;
+        if device.config.engines == 0 {
+            if cell.claim() {
+                device.shared.execute(&cell, &device.shared.caller);
+            }
+        } else {
+            device.submit_cell(&cell);
+        }
+        let mut cells = self.cells.borrow_mut();
+        cells.push(cell);
+        Ticket(cells.len() - 1)
+    }
+
+    /// The job's result if it has finished, `None` while it runs.
+    pub fn poll(&self, ticket: Ticket) -> Option<Result<usize, JobError>> {
+        self.cells.borrow()[ticket.0].result()
+    }
+
+    /// Waits for the job (running it here if no engine has started it and
+    /// caller assist is on) and returns its result.
+    pub fn wait(&self, ticket: Ticket) -> Result<usize, JobError> {
+        let cells = self.cells.borrow();
+        let cell = &cells[ticket.0];
+        if self.device.config.caller_assist && cell.claim() {
+            self.device.shared.execute(cell, &self.device.shared.caller);
+        }
+        let start = Instant::now();
+        while !cell.is_done() {
+            if start.elapsed() >= self.device.config.stall_timeout {
+                self.device.recover_stalled();
+            }
+            std::thread::yield_now();
+        }
+        cell.result().expect("a finished job has a result")
+    }
+}
+
+impl Drop for Scope<'_> {
+    fn drop(&mut self) {
+        self.device.wait_group(&self.group);
+    }
+}

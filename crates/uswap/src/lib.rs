@@ -1,0 +1,17 @@
+//! uswap: a compressed memory tier in user space.
+//!
+//! The crate is built in layers, bottom up, each using only the ones before it
+//! (see `DESIGN.md` in the project's shared documents):
+//!
+//! - [`codec`]: one buffer in, one buffer out (lz4, lzo, lzo-rle, zstd, deflate,
+//!   canned), plus the by_n framing that splits a buffer into independently
+//!   compressed segments.
+//! - [`accel`]: the software model of a multi-engine compression device: many
+//!   buffers at once on K engines, submit then poll, bounded queues, software
+//!   fallback, verification.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod accel;
+pub mod codec;
+pub mod corpus;
+pub mod size;
