@@ -1,0 +1,236 @@
+//! The multi-engine device: batches give the same bytes as direct calls,
+//! full queues fall back to software, verification catches a bad engine,
+//! stalled engines are worked around.
+
+use std::sync::Arc;
+use std::time::Duration;
+use uswap::accel::{Device, DeviceConfig, Job, JobError, Mapping, Op};
+use uswap::codec::{by_name, Codec, CodecError};
+use uswap::corpus;
+
+fn corpus_pages(count: usize) -> Vec<Vec<u8>> {
+    let workloads = corpus::load_dir(&corpus::default_dir()).unwrap();
+    workloads
+        .iter()
+        .flat_map(|w| (0..w.page_count()).map(|i| w.page(i).to_vec()).collect::<Vec<_>>())
+        .step_by(3)
+        .take(count)
+        .collect()
+}
+
+/// Compresses `pages` in batches on `device`; returns the compressed bytes
+/// (or None for a page that did not shrink).
+fn compress_all(device: &Device, codec: &dyn Codec, pages: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    for chunk in pages.chunks(device.batch_size()) {
+        let mut bufs: Vec<Vec<u8>> = chunk.iter().map(|p| vec![0u8; p.len()]).collect();
+        let mut jobs: Vec<Job<'_>> = chunk.iter().zip(bufs.iter_mut()).map(|(p, b)| Job::new(p, b)).collect();
+        device.compress_batch(codec, &mut jobs);
+        let results: Vec<_> = jobs.iter().map(|j| j.result.expect("every job ran")).collect();
+        for (result, buf) in results.into_iter().zip(bufs) {
+            out.push(match result {
+                Ok(n) => Some(buf[..n].to_vec()),
+                Err(JobError::Codec(CodecError::DoesNotFit)) => None,
+                Err(e) => panic!("job failed: {e}"),
+            });
+        }
+    }
+    out
+}
+
+fn direct(codec: &dyn Codec, pages: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
+    pages
+        .iter()
+        .map(|p| {
+            let mut buf = vec![0u8; p.len()];
+            codec.compress(p, &mut buf).ok().map(|n| buf[..n].to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn batches_equal_direct_calls_in_every_configuration() {
+    let pages = corpus_pages(200);
+    for name in ["lz4", "zstd", "lzo-rle"] {
+        let codec = by_name(name).unwrap();
+        let expected = direct(codec.as_ref(), &pages);
+        for engines in [0, 1, 2, 3] {
+            for mapping in [Mapping::Local, Mapping::Global] {
+                for caller_assist in [false, true] {
+                    for batch_size in [1, 8, 32] {
+                        let device = Device::new(DeviceConfig {
+                            engines,
+                            mapping,
+                            caller_assist,
+                            batch_size,
+                            ..DeviceConfig::default()
+                        })
+                        .unwrap();
+                        let got = compress_all(&device, codec.as_ref(), &pages);
+                        assert!(
+                            got == expected,
+                            "{name} engines={engines} {mapping:?} assist={caller_assist} batch={batch_size}"
+                        );
+                        let total = device.stats().total();
+                        assert_eq!(total.compress_jobs, pages.len() as u64);
+                        if engines > 0 && !caller_assist {
+                            let by_engines: u64 = device.stats().engines.iter().map(|e| e.compress_jobs).sum();
+                            assert!(by_engines > 0, "engines did no work");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decompress_batch_restores_pages() {
+    let pages = corpus_pages(64);
+    let codec = by_name("lz4").unwrap();
+    let device = Device::new(DeviceConfig::with_engines(2)).unwrap();
+    let compressed = compress_all(&device, codec.as_ref(), &pages);
+    let stored: Vec<(&Vec<u8>, &Vec<u8>)> = pages
+        .iter()
+        .zip(&compressed)
+        .filter_map(|(p, c)| c.as_ref().map(|c| (p, c)))
+        .collect();
+    let mut outs: Vec<Vec<u8>> = stored.iter().map(|(p, _)| vec![0u8; p.len()]).collect();
+    let mut jobs: Vec<Job<'_>> = stored.iter().zip(outs.iter_mut()).map(|((_, c), o)| Job::new(c, o)).collect();
+    device.decompress_batch(codec.as_ref(), &mut jobs);
+    assert!(jobs.iter().all(|j| j.result == Some(Ok(4096))));
+    drop(jobs);
+    for ((page, _), out) in stored.iter().zip(&outs) {
+        assert!(*page == out);
+    }
+}
+
+#[test]
+fn full_queues_fall_back_to_software_and_stalled_jobs_are_recovered() {
+    let pages = corpus_pages(16);
+    let codec = by_name("lz4").unwrap();
+    let expected = direct(codec.as_ref(), &pages);
+    for caller_assist in [false, true] {
+        let device = Device::new(DeviceConfig {
+            engines: 2,
+            queue_depth: 1,
+            batch_size: 16,
+            caller_assist,
+            submit_retries: 4,
+            stall_timeout: Duration::from_millis(20),
+            ..DeviceConfig::default()
+        })
+        .unwrap();
+        device.pause_engine(0, true);
+        device.pause_engine(1, true);
+        let got = compress_all(&device, codec.as_ref(), &pages);
+        assert!(got == expected);
+        let stats = device.stats();
+        let fallbacks: u64 = stats.engines.iter().map(|e| e.sw_fallbacks).sum();
+        let retries: u64 = stats.engines.iter().map(|e| e.queue_full_retries).sum();
+        let recovered: u64 = stats.engines.iter().map(|e| e.stall_recoveries).sum();
+        assert_eq!(fallbacks, 14, "2 jobs fit the two 1-deep queues, 14 fall back");
+        assert_eq!(retries, 14 * 4);
+        assert_eq!(recovered, 2, "the two queued entries were taken back from the stalled engines");
+        assert_eq!(stats.engines.iter().map(|e| e.compress_jobs).sum::<u64>(), 0);
+        device.pause_engine(0, false);
+        device.pause_engine(1, false);
+        assert!(compress_all(&device, codec.as_ref(), &pages) == expected);
+    }
+}
+
+#[test]
+fn verify_catches_a_corrupted_result() {
+    let pages = corpus_pages(8);
+    let codec = by_name("lz4").unwrap();
+    for engines in [0, 2] {
+        let device = Device::new(DeviceConfig {
+            engines,
+            verify: true,
+            ..DeviceConfig::default()
+        })
+        .unwrap();
+        device.inject_corruption(1);
+        let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
+        let mut jobs: Vec<Job<'_>> = pages.iter().zip(bufs.iter_mut()).map(|(p, b)| Job::new(p, b)).collect();
+        device.compress_batch(codec.as_ref(), &mut jobs);
+        let failed = jobs.iter().filter(|j| j.result == Some(Err(JobError::VerifyFailed))).count();
+        assert_eq!(failed, 1, "engines={engines}");
+        assert_eq!(device.stats().total().verify_failures, 1);
+    }
+    // Without verify the same corruption reaches the caller: verification is
+    // what caught it above.
+    let device = Device::new(DeviceConfig::with_engines(0)).unwrap();
+    device.inject_corruption(1);
+    let mut buf = vec![0u8; 4096];
+    let n = device.run_one(codec.as_ref(), Op::Compress, &pages[0], &mut buf).unwrap();
+    let mut out = vec![0u8; 4096];
+    let decoded = codec.decompress(&buf[..n], &mut out);
+    assert!(decoded.is_err() || out != pages[0]);
+}
+
+#[test]
+fn scope_submit_poll_wait() {
+    let pages = corpus_pages(12);
+    let codec = by_name("zstd").unwrap();
+    let expected = direct(codec.as_ref(), &pages);
+    for engines in [0, 2] {
+        let device = Device::new(DeviceConfig::with_engines(engines)).unwrap();
+        let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
+        let results: Vec<Result<usize, JobError>> = device.scope(|s| {
+            let tickets: Vec<_> = pages
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(p, b)| s.submit(codec.as_ref(), Op::Compress, p, b))
+                .collect();
+            tickets.iter().map(|&t| s.wait(t)).collect()
+        });
+        for ((r, b), e) in results.iter().zip(&bufs).zip(&expected) {
+            let got = r.ok().map(|n| b[..n].to_vec());
+            assert_eq!(&got, e);
+        }
+    }
+}
+
+#[test]
+fn poll_reports_progress_without_blocking() {
+    let codec = by_name("lz4").unwrap();
+    let device = Device::new(DeviceConfig {
+        engines: 1,
+        caller_assist: false,
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    device.pause_engine(0, true);
+    let page = corpus_pages(1).remove(0);
+    let mut buf = vec![0u8; 4096];
+    device.scope(|s| {
+        let t = s.submit(codec.as_ref(), Op::Compress, &page, &mut buf);
+        assert_eq!(s.poll(t), None, "a paused engine has not run the job");
+        device.pause_engine(0, false);
+        let r = s.wait(t);
+        assert!(r.is_ok());
+        assert_eq!(s.poll(t), Some(r));
+    });
+}
+
+#[test]
+fn concurrent_callers_share_a_device() {
+    let pages = Arc::new(corpus_pages(300));
+    let codec = by_name("lz4").unwrap();
+    let expected = Arc::new(direct(codec.as_ref(), &pages));
+    let device = Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (device, pages, expected, codec) = (device.clone(), pages.clone(), expected.clone(), codec.clone());
+            std::thread::spawn(move || {
+                for _ in 0..5 {
+                    assert!(compress_all(&device, codec.as_ref(), &pages) == *expected);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
