@@ -1,1 +1,54 @@
-fn main() {}
+//! The `uswap` command: benchmarks and tools for the uswap compressed memory
+//! tier.
+//!
+//! Bad flags and values exit with status 2 and a message (clap's usage
+//! errors); failures while running exit with status 1.
+
+mod args;
+mod bench;
+mod train_dict;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "uswap", version, about = "A compressed memory tier in user space")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Benchmarks: `uswap bench codecs`.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+    /// Train a `canned` dictionary from a page dump.
+    TrainDict(train_dict::Args),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Codec latency and ratio per folio size, our layer against the raw
+    /// codec, the by_n table, and batched against sequential compression.
+    Codecs(bench::codecs::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench { which } => match which {
+            BenchCommand::Codecs(args) => bench::codecs::run(&args),
+        },
+        Command::TrainDict(args) => train_dict::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uswap: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -43,8 +43,12 @@ pub struct DeviceConfig {
     pub pin: bool,
     /// Attempts to enqueue on a full queue before falling back to software.
     pub submit_retries: u32,
-    /// Spins an idle engine makes before it sleeps.
-    pub idle_spins: u32,
+    /// How long an idle engine keeps polling its queue (yielding the CPU
+    /// between polls) before it sleeps until a submitter wakes it.
+    pub idle_poll: Duration,
+    /// How long a waiting caller keeps polling its completion records
+    /// (yielding between polls) before it sleeps on the futex.
+    pub wait_poll: Duration,
     /// How long a waiting caller tolerates no progress before it takes its
     /// still-queued jobs back and runs them itself.
     pub stall_timeout: Duration,
@@ -58,10 +62,11 @@ impl Default for DeviceConfig {
             batch_size: 8,
             mapping: Mapping::Global,
             verify: false,
-            caller_assist: true,
+            caller_assist: false,
             pin: true,
             submit_retries: 64,
-            idle_spins: 20_000,
+            idle_poll: Duration::from_micros(50),
+            wait_poll: Duration::from_micros(50),
             stall_timeout: Duration::from_millis(100),
         }
     }

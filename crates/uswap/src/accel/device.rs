@@ -22,9 +22,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-/// Spins a waiting caller makes before it sleeps on the futex.
-const WAIT_SPINS: u32 = 4_000;
-
 /// A software model of a multi-engine compression device.
 pub struct Device {
     shared: Arc<Shared>,
@@ -54,7 +51,7 @@ impl Device {
             caller: Default::default(),
             shutdown: Default::default(),
             verify: config.verify,
-            idle_spins: config.idle_spins,
+            idle_poll: config.idle_poll,
             corrupt_next: AtomicU32::new(0),
         });
         let mut device = Device {
@@ -180,7 +177,7 @@ impl Device {
     /// Polls first, then sleeps on the futex; if nothing moves for the stall
     /// timeout, it drains the queues itself, acting as the engine.
     fn wait_group(&self, group: &Group) {
-        let mut spins = 0;
+        let polling_since = Instant::now();
         let mut last_seen = u32::MAX;
         let mut last_progress = None::<Instant>;
         loop {
@@ -189,12 +186,11 @@ impl Device {
             if count == 0 {
                 return;
             }
-            if spins < WAIT_SPINS {
-                spins += 1;
-                std::hint::spin_loop();
+            let now = Instant::now();
+            if now - polling_since < self.config.wait_poll {
+                std::thread::yield_now();
                 continue;
             }
-            let now = Instant::now();
             if count != last_seen {
                 last_seen = count;
                 last_progress = Some(now);

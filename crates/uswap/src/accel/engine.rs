@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, Thread};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Engine threads alive in this process (so tests can see that dropping a
 /// device stops them).
@@ -66,7 +66,7 @@ pub(crate) struct Shared {
     pub caller: Counters,
     pub shutdown: AtomicBool,
     pub verify: bool,
-    pub idle_spins: u32,
+    pub idle_poll: Duration,
     /// Fault injection: corrupt this many upcoming compressed results.
     pub corrupt_next: AtomicU32,
 }
@@ -214,11 +214,14 @@ fn engine_loop(shared: &Shared, index: usize) {
             continue;
         }
         // Idle: poll a while (the next batch often comes right away), then
-        // sleep until a submitter wakes us.
-        let mut spins = 0;
-        while spins < shared.idle_spins && engine.queue.is_empty() && !shared.shutdown.load(Ordering::Relaxed) {
-            std::hint::spin_loop();
-            spins += 1;
+        // sleep until a submitter wakes us. Polling yields the CPU, since on a
+        // small machine the caller that will submit may need this core.
+        let idle_since = Instant::now();
+        while engine.queue.is_empty()
+            && !shared.shutdown.load(Ordering::Relaxed)
+            && idle_since.elapsed() < shared.idle_poll
+        {
+            thread::yield_now();
         }
         if engine.queue.is_empty() {
             engine.sleeping.store(true, Ordering::SeqCst);
