@@ -15,3 +15,5 @@ pub mod accel;
 pub mod codec;
 pub mod corpus;
 pub mod size;
+pub mod swap;
+pub mod zpool;

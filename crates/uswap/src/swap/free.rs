@@ -1,0 +1,210 @@
+//! Returning swap slots, in the three ways the async-free seed compares.
+//!
+//! - `immediate`: each slot is freed when it is released.
+//! - `batched`: a per-thread return cache of 64 slots, freed all at once by
+//!   whichever thread fills it. That thread — often one serving a page
+//!   fault — pays for 64 frees: the tail latency the seed measured.
+//! - `async`: a full cache is handed to a background worker; if the worker is
+//!   still busy with the previous batch, the releasing thread frees the
+//!   slots itself (the seed's fallback).
+
+use super::slots::{thread_shard, SlotAllocator, SHARD_COUNT};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// Slots per return cache, as in the kernel's swap_slots cache.
+pub const RETURN_CACHE: usize = 64;
+
+/// How released slots are freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeMode {
+    Immediate,
+    Batched,
+    Async,
+}
+
+impl FreeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            FreeMode::Immediate => "immediate",
+            FreeMode::Batched => "batched",
+            FreeMode::Async => "async",
+        }
+    }
+}
+
+impl std::str::FromStr for FreeMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<FreeMode, String> {
+        match s {
+            "immediate" => Ok(FreeMode::Immediate),
+            "batched" => Ok(FreeMode::Batched),
+            "async" => Ok(FreeMode::Async),
+            other => Err(format!("unknown slot free mode {other:?}: expected immediate, batched or async")),
+        }
+    }
+}
+
+/// Counters of the release paths.
+#[derive(Debug, Default)]
+pub(crate) struct FreeCounters {
+    pub released: AtomicU64,
+    pub freed_immediately: AtomicU64,
+    pub cache_flushes_by_caller: AtomicU64,
+    pub async_handoffs: AtomicU64,
+    pub async_direct_frees: AtomicU64,
+    pub freed_by_worker: AtomicU64,
+}
+
+struct Mailbox {
+    batch: Option<Vec<u32>>,
+    stop: bool,
+}
+
+struct Worker {
+    mailbox: Mutex<Mailbox>,
+    wake: Condvar,
+    idle: Condvar,
+    busy: AtomicBool,
+}
+
+/// Releases slots into an allocator according to a [`FreeMode`].
+pub struct SlotReleaser {
+    mode: FreeMode,
+    allocator: Arc<SlotAllocator>,
+    caches: Vec<Mutex<Vec<u32>>>,
+    worker: Option<(Arc<Worker>, JoinHandle<()>)>,
+    pub(crate) counters: Arc<FreeCounters>,
+}
+
+impl SlotReleaser {
+    pub fn new(mode: FreeMode, allocator: Arc<SlotAllocator>) -> std::io::Result<SlotReleaser> {
+        let counters = Arc::new(FreeCounters::default());
+        let worker = if mode == FreeMode::Async {
+            let w = Arc::new(Worker {
+                mailbox: Mutex::new(Mailbox { batch: None, stop: false }),
+                wake: Condvar::new(),
+                idle: Condvar::new(),
+                busy: AtomicBool::new(false),
+            });
+            let (wc, ac, cc) = (w.clone(), allocator.clone(), counters.clone());
+            let handle = std::thread::Builder::new()
+                .name("uswap-slot-free".into())
+                .spawn(move || worker_loop(&wc, &ac, &cc))?;
+            Some((w, handle))
+        } else {
+            None
+        };
+        Ok(SlotReleaser {
+            mode,
+            allocator,
+            caches: (0..SHARD_COUNT).map(|_| Mutex::new(Vec::with_capacity(RETURN_CACHE))).collect(),
+            worker,
+            counters,
+        })
+    }
+
+    pub fn mode(&self) -> FreeMode {
+        self.mode
+    }
+
+    /// Releases one slot.
+    pub fn release(&self, slot: u32) {
+        self.counters.released.fetch_add(1, Ordering::Relaxed);
+        if self.mode == FreeMode::Immediate {
+            self.allocator.free(slot);
+            self.counters.freed_immediately.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let full = {
+            let mut cache = self.caches[thread_shard()].lock().expect("return cache lock");
+            cache.push(slot);
+            if cache.len() < RETURN_CACHE {
+                return;
+            }
+            std::mem::replace(&mut *cache, Vec::with_capacity(RETURN_CACHE))
+        };
+        match &self.worker {
+            Some((worker, _)) => {
+                if let Err(full) = self.hand_off(worker, full) {
+                    self.counters.async_direct_frees.fetch_add(1, Ordering::Relaxed);
+                    self.free_all(&full);
+                }
+            }
+            None => {
+                self.counters.cache_flushes_by_caller.fetch_add(1, Ordering::Relaxed);
+                self.free_all(&full);
+            }
+        }
+    }
+
+    /// Gives a full cache to the worker unless it is still busy.
+    fn hand_off(&self, worker: &Worker, batch: Vec<u32>) -> Result<(), Vec<u32>> {
+        if worker
+            .busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(batch);
+        }
+        worker.mailbox.lock().expect("mailbox lock").batch = Some(batch);
+        worker.wake.notify_one();
+        self.counters.async_handoffs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn free_all(&self, slots: &[u32]) {
+        for &s in slots {
+            self.allocator.free(s);
+        }
+    }
+
+    /// Frees every cached slot and waits for the worker to finish, so that
+    /// every released slot is free when this returns.
+    pub fn drain(&self) {
+        for cache in &self.caches {
+            let slots = std::mem::take(&mut *cache.lock().expect("return cache lock"));
+            self.free_all(&slots);
+        }
+        if let Some((worker, _)) = &self.worker {
+            let mut mailbox = worker.mailbox.lock().expect("mailbox lock");
+            while worker.busy.load(Ordering::Acquire) {
+                mailbox = worker.idle.wait(mailbox).expect("mailbox lock");
+            }
+        }
+    }
+}
+
+fn worker_loop(worker: &Worker, allocator: &SlotAllocator, counters: &FreeCounters) {
+    let mut mailbox = worker.mailbox.lock().expect("mailbox lock");
+    loop {
+        if let Some(batch) = mailbox.batch.take() {
+            drop(mailbox);
+            for &s in &batch {
+                allocator.free(s);
+            }
+            counters.freed_by_worker.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            mailbox = worker.mailbox.lock().expect("mailbox lock");
+            worker.busy.store(false, Ordering::Release);
+            worker.idle.notify_all();
+            continue;
+        }
+        if mailbox.stop {
+            return;
+        }
+        mailbox = worker.wake.wait(mailbox).expect("mailbox lock");
+    }
+}
+
+impl Drop for SlotReleaser {
+    fn drop(&mut self) {
+        self.drain();
+        if let Some((worker, handle)) = self.worker.take() {
+            worker.mailbox.lock().expect("mailbox lock").stop = true;
+            worker.wake.notify_all();
+            let _ = handle.join();
+        }
+    }
+}

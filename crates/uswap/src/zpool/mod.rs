@@ -1,0 +1,413 @@
+//! `zpool`: a compressed-object allocator on the model of the kernel's
+//! zsmalloc.
+//!
+//! Objects of 1..=4096 bytes are packed into *zspages* (runs of 1..=8 pages)
+//! by size class ([`class`]); a [`Handle`] names an object and stays valid
+//! when [`Pool::compact`] moves objects out of sparse zspages into dense
+//! ones ([`handle`]). Pages come from large mappings of our own, and an
+//! empty zspage's pages go back to the OS at once ([`pages`]).
+//!
+//! Per-object metadata, outside the pages: the handle's 8-byte location
+//! word, a 4-byte back pointer from the slot to its handle (what compaction
+//! needs to fix the handle up), and a 2-byte entry in the zspage's free-slot
+//! stack.
+
+pub mod class;
+mod handle;
+mod pages;
+
+pub use class::ClassShape;
+pub use handle::Handle;
+
+use handle::{HandleTable, Location};
+use pages::PageSource;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Bytes per page.
+pub const PAGE_SIZE: usize = 4096;
+/// The longest zspage, in pages.
+pub const MAX_PAGES_PER_ZSPAGE: usize = 8;
+/// The largest object.
+pub const MAX_OBJECT: usize = class::MAX_SIZE;
+
+const NO_OWNER: u32 = u32::MAX;
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocError {
+    /// Zero bytes or more than [`MAX_OBJECT`].
+    BadSize,
+    /// The OS gave no memory (or a test injected the failure).
+    NoMemory,
+}
+
+/// One zspage: a run of pages cut into equal slots.
+struct ZsPage {
+    base: NonNull<u8>,
+    used: u16,
+    free_slots: Vec<u16>,
+    owners: Vec<u32>,
+    /// Position in the class's `partial` list, if listed there.
+    partial_at: Option<u32>,
+}
+
+/// One size class and its zspages.
+struct Class {
+    shape: ClassShape,
+    zspages: Vec<Option<ZsPage>>,
+    free_ids: Vec<u32>,
+    /// Zspages with at least one free slot.
+    partial: Vec<u32>,
+    objects: usize,
+}
+
+impl Class {
+    fn zspage(&mut self, id: u32) -> &mut ZsPage {
+        self.zspages[id as usize].as_mut().expect("a live zspage id")
+    }
+
+    fn list_partial(&mut self, id: u32) {
+        let at = self.partial.len() as u32;
+        let zs = self.zspage(id);
+        if zs.partial_at.is_none() {
+            zs.partial_at = Some(at);
+            self.partial.push(id);
+        }
+    }
+
+    fn unlist_partial(&mut self, id: u32) {
+        let Some(at) = self.zspage(id).partial_at.take() else { return };
+        self.partial.swap_remove(at as usize);
+        if let Some(&moved) = self.partial.get(at as usize) {
+            self.zspage(moved).partial_at = Some(at);
+        }
+    }
+
+    fn slot_ptr(&self, loc: Location) -> *mut u8 {
+        let zs = self.zspages[loc.zspage as usize].as_ref().expect("a live zspage id");
+        // SAFETY: slot < objs_per_zspage, so the offset stays inside the
+        // zspage's pages.
+        unsafe { zs.base.as_ptr().add(loc.slot as usize * self.shape.size) }
+    }
+
+    fn metadata_bytes(&self) -> usize {
+        let per_zspage: usize = self
+            .zspages
+            .iter()
+            .flatten()
+            .map(|z| std::mem::size_of::<ZsPage>() + z.free_slots.capacity() * 2 + z.owners.capacity() * 4)
+            .sum();
+        per_zspage
+            + self.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>()
+            + (self.free_ids.capacity() + self.partial.capacity()) * 4
+    }
+}
+
+/// Statistics of one size class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassStats {
+    pub size: usize,
+    pub pages_per_zspage: usize,
+    pub objs_per_zspage: usize,
+    /// Object slots in this class's zspages.
+    pub objs_allocated: usize,
+    /// Slots holding an object.
+    pub objs_used: usize,
+    pub zspages: usize,
+    pub pages_used: usize,
+}
+
+/// The compressed-object pool.
+pub struct Pool {
+    classes: Vec<Mutex<Class>>,
+    step_to_class: Vec<u8>,
+    handles: HandleTable,
+    pages: PageSource,
+    pages_used: AtomicUsize,
+    fail_next_allocs: AtomicU32,
+}
+
+// SAFETY: zspage pointers name memory owned by `pages`; every access to a
+// zspage goes through its class's mutex.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool::new()
+    }
+}
+
+impl Pool {
+    pub fn new() -> Pool {
+        let (shapes, step_to_class) = class::build();
+        Pool {
+            classes: shapes
+                .into_iter()
+                .map(|shape| {
+                    Mutex::new(Class {
+                        shape,
+                        zspages: Vec::new(),
+                        free_ids: Vec::new(),
+                        partial: Vec::new(),
+                        objects: 0,
+                    })
+                })
+                .collect(),
+            step_to_class,
+            handles: HandleTable::new(),
+            pages: PageSource::new(),
+            pages_used: AtomicUsize::new(0),
+            fail_next_allocs: AtomicU32::new(0),
+        }
+    }
+
+    /// The class an object of `len` bytes goes to.
+    fn class_of(&self, len: usize) -> usize {
+        self.step_to_class[class::step_of(len)] as usize
+    }
+
+    /// Allocates room for an object of `len` bytes.
+    pub fn alloc(&self, len: usize) -> Result<Handle, AllocError> {
+        if len == 0 || len > MAX_OBJECT {
+            return Err(AllocError::BadSize);
+        }
+        let injected = self
+            .fail_next_allocs
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if injected {
+            return Err(AllocError::NoMemory);
+        }
+        let class_index = self.class_of(len);
+        let mut class = self.classes[class_index].lock().expect("class lock");
+        let id = match class.partial.last() {
+            Some(&id) => id,
+            None => self.new_zspage(&mut class)?,
+        };
+        let objs = class.shape.objs_per_zspage;
+        let zs = class.zspage(id);
+        let slot = zs.free_slots.pop().expect("a listed zspage has a free slot");
+        zs.used += 1;
+        let full = zs.used as usize == objs;
+        let loc = Location {
+            class: class_index as u8,
+            zspage: id,
+            slot,
+        };
+        let Some(handle) = self.handles.alloc(loc) else {
+            let zs = class.zspage(id);
+            zs.free_slots.push(slot);
+            zs.used -= 1;
+            return Err(AllocError::NoMemory);
+        };
+        class.zspage(id).owners[slot as usize] = handle.0;
+        if full {
+            class.unlist_partial(id);
+        }
+        class.objects += 1;
+        Ok(handle)
+    }
+
+    fn new_zspage(&self, class: &mut Class) -> Result<u32, AllocError> {
+        let shape = class.shape;
+        let base = self.pages.alloc(shape.pages_per_zspage).ok_or(AllocError::NoMemory)?;
+        self.pages_used.fetch_add(shape.pages_per_zspage, Ordering::Relaxed);
+        let zs = ZsPage {
+            base,
+            used: 0,
+            free_slots: (0..shape.objs_per_zspage as u16).rev().collect(),
+            owners: vec![NO_OWNER; shape.objs_per_zspage],
+            partial_at: None,
+        };
+        let id = match class.free_ids.pop() {
+            Some(id) => {
+                class.zspages[id as usize] = Some(zs);
+                id
+            }
+            None => {
+                class.zspages.push(Some(zs));
+                (class.zspages.len() - 1) as u32
+            }
+        };
+        class.list_partial(id);
+        Ok(id)
+    }
+
+    /// Runs `f` on the object's slot (its class size in bytes) with the
+    /// object pinned in place.
+    fn with_slot<R>(&self, h: Handle, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let class_index = self.handles.get(h).class as usize;
+        let class = self.classes[class_index].lock().expect("class lock");
+        // Re-read under the lock: compaction may have moved the object (but
+        // never to another class).
+        let loc = self.handles.get(h);
+        let ptr = class.slot_ptr(loc);
+        // SAFETY: the slot is `size` bytes inside a live zspage, owned by
+        // this handle; the class lock keeps it from moving or being freed.
+        let slot = unsafe { std::slice::from_raw_parts_mut(ptr, class.shape.size) };
+        f(slot)
+    }
+
+    /// Writes `data` at the start of the object.
+    pub fn write(&self, h: Handle, data: &[u8]) {
+        self.with_slot(h, |slot| slot[..data.len()].copy_from_slice(data));
+    }
+
+    /// Copies the first `out.len()` bytes of the object into `out`.
+    pub fn read(&self, h: Handle, out: &mut [u8]) {
+        self.with_slot(h, |slot| out.copy_from_slice(&slot[..out.len()]));
+    }
+
+    /// Fault injection: flips a byte of the stored object at `offset`.
+    pub fn corrupt(&self, h: Handle, offset: usize) {
+        self.with_slot(h, |slot| slot[offset] ^= 0x40);
+    }
+
+    /// Frees an object. Its handle must not be used again.
+    pub fn free(&self, h: Handle) {
+        debug_assert!(self.handles.is_known(h));
+        let loc = self.handles.get(h);
+        let mut class = self.classes[loc.class as usize].lock().expect("class lock");
+        let loc = self.handles.get(h);
+        let objs = class.shape.objs_per_zspage;
+        let zs = class.zspage(loc.zspage);
+        debug_assert_eq!(zs.owners[loc.slot as usize], h.0, "freeing a slot that is not this handle's");
+        zs.owners[loc.slot as usize] = NO_OWNER;
+        zs.free_slots.push(loc.slot);
+        let was_full = zs.used as usize == objs;
+        zs.used -= 1;
+        let empty = zs.used == 0;
+        class.objects -= 1;
+        if empty {
+            self.release_zspage(&mut class, loc.zspage);
+        } else if was_full {
+            class.list_partial(loc.zspage);
+        }
+        drop(class);
+        self.handles.free(h);
+    }
+
+    fn release_zspage(&self, class: &mut Class, id: u32) {
+        class.unlist_partial(id);
+        let zs = class.zspages[id as usize].take().expect("a live zspage id");
+        let pages = class.shape.pages_per_zspage;
+        self.pages.free(zs.base, pages);
+        self.pages_used.fetch_sub(pages, Ordering::Relaxed);
+        class.free_ids.push(id);
+    }
+
+    /// Moves objects from the sparsest zspages of each class into the
+    /// densest ones and releases the zspages that empties. Returns the
+    /// number of pages freed.
+    pub fn compact(&self) -> usize {
+        let mut freed = 0;
+        for (class_index, class) in self.classes.iter().enumerate() {
+            let mut class = class.lock().expect("class lock");
+            freed += self.compact_class(&mut class, class_index as u8);
+        }
+        freed
+    }
+
+    fn compact_class(&self, class: &mut Class, class_index: u8) -> usize {
+        let objs = class.shape.objs_per_zspage;
+        let size = class.shape.size;
+        let mut freed = 0;
+        loop {
+            if class.partial.len() < 2 {
+                return freed;
+            }
+            let free_slots: usize = class.partial.iter().map(|&id| objs - class.zspages[id as usize].as_ref().map_or(0, |z| z.used as usize)).sum();
+            // Worth it only if some zspage can be emptied entirely.
+            let mut by_use: Vec<(u16, u32)> = class
+                .partial
+                .iter()
+                .map(|&id| (class.zspages[id as usize].as_ref().expect("listed").used, id))
+                .collect();
+            by_use.sort_unstable();
+            let (src_used, src) = by_use[0];
+            if free_slots - (objs - src_used as usize) < src_used as usize {
+                return freed;
+            }
+            // Fill the fullest partial zspages from the sparsest one.
+            for &(_, dst) in by_use[1..].iter().rev() {
+                while class.zspage(src).used > 0 && !class.zspage(dst).free_slots.is_empty() {
+                    let from_slot = {
+                        let zs = class.zspage(src);
+                        (0..objs as u16).find(|&s| zs.owners[s as usize] != NO_OWNER).expect("a used slot")
+                    };
+                    let to_slot = class.zspage(dst).free_slots.pop().expect("checked");
+                    let from = class.slot_ptr(Location { class: class_index, zspage: src, slot: from_slot });
+                    let to = class.slot_ptr(Location { class: class_index, zspage: dst, slot: to_slot });
+                    // SAFETY: two distinct slots of `size` bytes in live
+                    // zspages of this locked class.
+                    unsafe { std::ptr::copy_nonoverlapping(from, to, size) };
+                    let owner = std::mem::replace(&mut class.zspage(src).owners[from_slot as usize], NO_OWNER);
+                    class.zspage(src).free_slots.push(from_slot);
+                    class.zspage(src).used -= 1;
+                    let d = class.zspage(dst);
+                    d.owners[to_slot as usize] = owner;
+                    d.used += 1;
+                    let dst_full = d.used as usize == objs;
+                    self.handles.set(Handle(owner), Location { class: class_index, zspage: dst, slot: to_slot });
+                    if dst_full {
+                        class.unlist_partial(dst);
+                    }
+                }
+                if class.zspage(src).used == 0 {
+                    break;
+                }
+            }
+            if class.zspage(src).used != 0 {
+                return freed;
+            }
+            self.release_zspage(class, src);
+            freed += class.shape.pages_per_zspage;
+        }
+    }
+
+    /// Bytes of pages the pool holds (the kernel's `pool_total_size`).
+    pub fn total_size(&self) -> usize {
+        self.pages_used.load(Ordering::Relaxed) * PAGE_SIZE
+    }
+
+    /// Objects stored.
+    pub fn objects(&self) -> usize {
+        self.classes.iter().map(|c| c.lock().expect("class lock").objects).sum()
+    }
+
+    /// Per-class statistics, for classes that hold pages.
+    pub fn class_stats(&self) -> Vec<ClassStats> {
+        self.classes
+            .iter()
+            .filter_map(|c| {
+                let c = c.lock().expect("class lock");
+                let zspages = c.zspages.iter().flatten().count();
+                (zspages > 0).then(|| ClassStats {
+                    size: c.shape.size,
+                    pages_per_zspage: c.shape.pages_per_zspage,
+                    objs_per_zspage: c.shape.objs_per_zspage,
+                    objs_allocated: zspages * c.shape.objs_per_zspage,
+                    objs_used: c.objects,
+                    zspages,
+                    pages_used: zspages * c.shape.pages_per_zspage,
+                })
+            })
+            .collect()
+    }
+
+    /// Bytes of bookkeeping outside the pages (handle table, slot back
+    /// pointers, free-slot stacks, zspage records).
+    pub fn metadata_bytes(&self) -> usize {
+        self.handles.metadata_bytes()
+            + self.classes.iter().map(|c| c.lock().expect("class lock").metadata_bytes()).sum::<usize>()
+    }
+
+    /// Fault injection: the next `count` allocations fail with `NoMemory`.
+    pub fn fail_next_allocs(&self, count: u32) {
+        self.fail_next_allocs.fetch_add(count, Ordering::Relaxed);
+    }
+}
