@@ -17,3 +17,4 @@ pub mod corpus;
 pub mod size;
 pub mod swap;
 pub mod zpool;
+pub mod zswap;

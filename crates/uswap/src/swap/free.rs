@@ -58,12 +58,32 @@ pub(crate) struct FreeCounters {
     pub freed_by_worker: AtomicU64,
 }
 
+/// A snapshot of the release counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FreeStats {
+    /// Slots released.
+    pub released: u64,
+    /// Slots freed at once (`immediate`).
+    pub freed_immediately: u64,
+    /// Full caches freed by the releasing thread (`batched`).
+    pub cache_flushes_by_caller: u64,
+    /// Full caches handed to the worker (`async`).
+    pub async_handoffs: u64,
+    /// Full caches the releasing thread freed because the worker was busy.
+    pub async_direct_frees: u64,
+    /// Slots the worker freed.
+    pub freed_by_worker: u64,
+}
+
 struct Mailbox {
     batch: Option<Vec<u32>>,
     stop: bool,
 }
 
 struct Worker {
+    /// Fault injection: a held worker takes batches but frees nothing.
+    held: Mutex<bool>,
+    released: Condvar,
     mailbox: Mutex<Mailbox>,
     wake: Condvar,
     idle: Condvar,
@@ -76,7 +96,7 @@ pub struct SlotReleaser {
     allocator: Arc<SlotAllocator>,
     caches: Vec<Mutex<Vec<u32>>>,
     worker: Option<(Arc<Worker>, JoinHandle<()>)>,
-    pub(crate) counters: Arc<FreeCounters>,
+    counters: Arc<FreeCounters>,
 }
 
 impl SlotReleaser {
@@ -84,6 +104,8 @@ impl SlotReleaser {
         let counters = Arc::new(FreeCounters::default());
         let worker = if mode == FreeMode::Async {
             let w = Arc::new(Worker {
+                held: Mutex::new(false),
+                released: Condvar::new(),
                 mailbox: Mutex::new(Mailbox { batch: None, stop: false }),
                 wake: Condvar::new(),
                 idle: Condvar::new(),
@@ -104,6 +126,18 @@ impl SlotReleaser {
             worker,
             counters,
         })
+    }
+
+    pub fn stats(&self) -> FreeStats {
+        let c = &self.counters;
+        FreeStats {
+            released: c.released.load(Ordering::Relaxed),
+            freed_immediately: c.freed_immediately.load(Ordering::Relaxed),
+            cache_flushes_by_caller: c.cache_flushes_by_caller.load(Ordering::Relaxed),
+            async_handoffs: c.async_handoffs.load(Ordering::Relaxed),
+            async_direct_frees: c.async_direct_frees.load(Ordering::Relaxed),
+            freed_by_worker: c.freed_by_worker.load(Ordering::Relaxed),
+        }
     }
 
     pub fn mode(&self) -> FreeMode {
@@ -161,6 +195,15 @@ impl SlotReleaser {
         }
     }
 
+    /// Fault injection: while held, the async worker keeps the batch it was
+    /// given without freeing it, so releasers see it busy.
+    pub fn hold_worker(&self, hold: bool) {
+        if let Some((worker, _)) = &self.worker {
+            *worker.held.lock().expect("hold lock") = hold;
+            worker.released.notify_all();
+        }
+    }
+
     /// Frees every cached slot and waits for the worker to finish, so that
     /// every released slot is free when this returns.
     pub fn drain(&self) {
@@ -182,6 +225,11 @@ fn worker_loop(worker: &Worker, allocator: &SlotAllocator, counters: &FreeCounte
     loop {
         if let Some(batch) = mailbox.batch.take() {
             drop(mailbox);
+            let mut held = worker.held.lock().expect("hold lock");
+            while *held {
+                held = worker.released.wait(held).expect("hold lock");
+            }
+            drop(held);
             for &s in &batch {
                 allocator.free(s);
             }
@@ -200,6 +248,7 @@ fn worker_loop(worker: &Worker, allocator: &SlotAllocator, counters: &FreeCounte
 
 impl Drop for SlotReleaser {
     fn drop(&mut self) {
+        self.hold_worker(false);
         self.drain();
         if let Some((worker, handle)) = self.worker.take() {
             worker.mailbox.lock().expect("mailbox lock").stop = true;

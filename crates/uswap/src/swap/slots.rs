@@ -23,6 +23,8 @@ const NONE: u32 = u32::MAX;
 struct Cluster {
     used_bits: [u64; WORDS],
     used: u16,
+    /// Slots past the end of the swap space (marked used forever).
+    reserved: u16,
     /// The order this cluster serves; `None` while it is entirely free.
     order: Option<u8>,
     listed_nonfull: bool,
@@ -117,6 +119,7 @@ impl SlotAllocator {
                 let mut cluster = Cluster {
                     used_bits: [0; WORDS],
                     used: 0,
+                    reserved: 0,
                     order: None,
                     listed_nonfull: false,
                     listed_free: false,
@@ -125,26 +128,17 @@ impl SlotAllocator {
                 if end < CLUSTER_SLOTS {
                     // Slots past the end of the space are never free.
                     cluster.mark(end, CLUSTER_SLOTS - end, true);
-                    cluster.order = Some(0);
+                    cluster.reserved = (CLUSTER_SLOTS - end) as u16;
                 }
                 Mutex::new(cluster)
             })
             .collect::<Vec<_>>();
         let mut free: Vec<u32> = Vec::new();
-        let mut order0 = Vec::new();
         for (i, c) in clusters.iter().enumerate().rev() {
-            let mut c = c.lock().expect("cluster lock");
-            if c.order.is_none() {
-                c.listed_free = true;
-                free.push(i as u32);
-            } else {
-                c.listed_nonfull = true;
-                order0.push(i as u32);
-            }
+            c.lock().expect("cluster lock").listed_free = true;
+            free.push(i as u32);
         }
-        let nonfull: Vec<Mutex<Vec<u32>>> = (0..ORDERS)
-            .map(|o| Mutex::new(if o == 0 { order0.clone() } else { Vec::new() }))
-            .collect();
+        let nonfull: Vec<Mutex<Vec<u32>>> = (0..ORDERS).map(|_| Mutex::new(Vec::new())).collect();
         SlotAllocator {
             slots,
             clusters,
@@ -161,12 +155,20 @@ impl SlotAllocator {
 
     fn try_cluster(&self, index: u32, order: usize) -> Option<u32> {
         let mut c = self.clusters[index as usize].lock().expect("cluster lock");
-        match c.order {
-            Some(o) if o as usize == order => {}
-            None if c.used == 0 => c.order = Some(order as u8),
+        let claimed_now = match c.order {
+            Some(o) if o as usize == order => false,
+            None => {
+                c.order = Some(order as u8);
+                true
+            }
             _ => return None,
-        }
-        let offset = c.take_run(order)?;
+        };
+        let Some(offset) = c.take_run(order) else {
+            if claimed_now {
+                c.order = None;
+            }
+            return None;
+        };
         Some(index * CLUSTER_SLOTS as u32 + offset as u32)
     }
 
@@ -234,7 +236,7 @@ impl SlotAllocator {
         let mut c = self.clusters[index].lock().expect("cluster lock");
         c.mark(offset, count, false);
         self.counters.freed.fetch_add(count as u64, Ordering::Relaxed);
-        if c.used == 0 {
+        if c.used == c.reserved {
             c.order = None;
             if !c.listed_free {
                 c.listed_free = true;

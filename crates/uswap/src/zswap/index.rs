@@ -1,0 +1,135 @@
+//! The index: swap slot -> entry, as flat arrays of atomic words.
+//!
+//! Slot numbers are dense, so an array indexed by slot beats any map: a
+//! lookup is one atomic load and takes no lock. Each slot has an entry word
+//! and a checksum word (CRC32C of what is stored for it).
+//!
+//! Entry word layout:
+//!
+//! ```text
+//! bits 63..60  kind: EMPTY, SAME, POOL, FILE, BUSY
+//! SAME:  bits 7..0 the fill byte
+//! POOL:  bits 31..0 pool handle, bits 44..32 stored length, bit 45 raw
+//! BUSY:  a load, invalidate or writeback owns the slot for a moment
+//! ```
+
+use crate::zpool::Handle;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+const KIND_SHIFT: u32 = 60;
+const EMPTY: u64 = 0;
+const SAME: u64 = 1;
+const POOL: u64 = 2;
+const FILE: u64 = 3;
+const BUSY: u64 = 4;
+const RAW_BIT: u64 = 1 << 45;
+
+/// What a slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    Empty,
+    /// A page of one repeated byte.
+    Same(u8),
+    /// An object in the pool: `len` bytes, raw when the page did not shrink.
+    Pool { handle: Handle, len: usize, raw: bool },
+    /// The page is in the swap file at this slot.
+    File,
+    /// Someone is working on this slot.
+    Busy,
+}
+
+impl Entry {
+    pub fn encode(self) -> u64 {
+        match self {
+            Entry::Empty => EMPTY,
+            Entry::Same(b) => SAME << KIND_SHIFT | b as u64,
+            Entry::Pool { handle, len, raw } => {
+                POOL << KIND_SHIFT | if raw { RAW_BIT } else { 0 } | (len as u64) << 32 | handle.to_raw() as u64
+            }
+            Entry::File => FILE << KIND_SHIFT,
+            Entry::Busy => BUSY << KIND_SHIFT,
+        }
+    }
+
+    pub fn decode(word: u64) -> Entry {
+        match word >> KIND_SHIFT {
+            SAME => Entry::Same(word as u8),
+            POOL => Entry::Pool {
+                handle: Handle::from_raw(word as u32),
+                len: ((word >> 32) & 0x1fff) as usize,
+                raw: word & RAW_BIT != 0,
+            },
+            FILE => Entry::File,
+            BUSY => Entry::Busy,
+            _ => Entry::Empty,
+        }
+    }
+}
+
+/// Bits of the per-slot LRU flags.
+pub(crate) const IN_LRU: u8 = 1;
+pub(crate) const REFERENCED: u8 = 2;
+
+pub(crate) struct Index {
+    entries: Box<[AtomicU64]>,
+    crcs: Box<[AtomicU32]>,
+    pub lru_flags: Box<[AtomicU8]>,
+}
+
+impl Index {
+    pub fn new(slots: u32) -> Index {
+        let n = slots as usize;
+        Index {
+            entries: (0..n).map(|_| AtomicU64::new(EMPTY)).collect(),
+            crcs: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            lru_flags: (0..n).map(|_| AtomicU8::new(0)).collect(),
+        }
+    }
+
+    pub fn get(&self, slot: u32) -> Entry {
+        Entry::decode(self.entries[slot as usize].load(Ordering::Acquire))
+    }
+
+    pub fn crc(&self, slot: u32) -> u32 {
+        self.crcs[slot as usize].load(Ordering::Acquire)
+    }
+
+    /// Publishes an entry and its checksum.
+    pub fn publish(&self, slot: u32, entry: Entry, crc: u32) {
+        self.crcs[slot as usize].store(crc, Ordering::Relaxed);
+        self.entries[slot as usize].store(entry.encode(), Ordering::Release);
+    }
+
+    /// Takes the slot for exclusive work: waits out another owner, then
+    /// swaps in BUSY and returns what was there (`Empty` leaves it alone).
+    pub fn claim(&self, slot: u32) -> Entry {
+        let word = &self.entries[slot as usize];
+        loop {
+            let cur = word.load(Ordering::Acquire);
+            match Entry::decode(cur) {
+                Entry::Busy => std::thread::yield_now(),
+                Entry::Empty => return Entry::Empty,
+                entry => {
+                    if word
+                        .compare_exchange(cur, Entry::Busy.encode(), Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return entry;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Claims the slot only if it still holds exactly `expected`.
+    pub fn claim_if(&self, slot: u32, expected: Entry) -> bool {
+        self.entries[slot as usize]
+            .compare_exchange(expected.encode(), Entry::Busy.encode(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Ends a claim with `entry` (the old one restored, or the new state).
+    pub fn release(&self, slot: u32, entry: Entry) {
+        self.entries[slot as usize].store(entry.encode(), Ordering::Release);
+    }
+}

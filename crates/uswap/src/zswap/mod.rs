@@ -1,0 +1,359 @@
+//! `zswap`: the compressed store.
+//!
+//! Pages come in as folios (1..=512 pages). [`Zswap::store_batch`] gives each
+//! folio a contiguous run of swap slots, records same-filled pages without
+//! compressing them, compresses every other page of every folio of the batch
+//! on the `accel` device, and copies the results into the `zpool`. A folio
+//! is stored all or nothing. [`Zswap::load`] brings a folio back (one
+//! decompression batch) and frees its entries: loads are exclusive, as in
+//! the kernel. A pool at its limit refuses stores until it has drained to
+//! the accept threshold; a writeback worker moves cold entries (LRU with a
+//! second chance) to the swap file.
+//!
+//! Every stored object carries a CRC32C of its stored bytes; a load whose
+//! bytes do not match, or do not decompress, is a `decompress_fail` and an
+//! error, never data.
+//!
+//! Modules: [`index`] (slot -> entry), [`store`], [`load`], [`writeback`],
+//! [`stats`].
+
+mod index;
+mod load;
+pub mod stats;
+mod store;
+mod writeback;
+
+pub use stats::{size_label, ZswapStats, SIZE_ORDERS};
+
+use crate::accel::Device;
+use crate::codec::{self, Codec};
+use crate::swap::{Backing, FreeMode, SlotAllocator, SlotReleaser};
+use crate::zpool::Pool;
+use index::Index;
+use stats::Counters;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Bytes per page.
+pub const PAGE_SIZE: usize = 4096;
+/// The largest folio: 512 pages (2 MiB).
+pub const MAX_FOLIO_PAGES: usize = 512;
+
+/// A folio's slots: `pages` consecutive slots from `first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlotRange {
+    pub first: u32,
+    pub pages: u32,
+}
+
+impl SlotRange {
+    pub fn slots(self) -> impl Iterator<Item = u32> {
+        self.first..self.first + self.pages
+    }
+}
+
+/// Why a folio was not stored. The caller still has the folio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreError {
+    /// Not a whole folio: the length must be a power-of-two number of pages
+    /// up to 512.
+    BadFolio,
+    /// No contiguous run of slots was free (`swpout_fallback`): split the
+    /// folio and store its pages one by one.
+    NoSlots,
+    /// A page did not shrink and there is no swap file to hold it raw.
+    CompressPoor,
+    /// A page's compression failed.
+    CompressFail,
+    /// The pool could not allocate and there is no swap file.
+    AllocFail,
+    /// The pool is at its limit and there is no swap file.
+    PoolLimit,
+    /// Writing to the swap file failed (ENOSPC, EIO, short write).
+    Io,
+}
+
+/// Why a load failed. The entries are left as they were.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadError {
+    /// The slot holds nothing (never stored, or already loaded).
+    NotStored(u32),
+    /// The object failed its checksum or did not decompress.
+    Corrupt(u32),
+    /// Reading the swap file failed.
+    Io(u32),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::NotStored(s) => write!(f, "slot {s} holds nothing"),
+            LoadError::Corrupt(s) => write!(f, "slot {s}: stored object is corrupt"),
+            LoadError::Io(s) => write!(f, "slot {s}: swap file read failed"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+impl std::error::Error for LoadError {}
+
+/// The pool size limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolLimit {
+    /// At most this many bytes.
+    Bytes(usize),
+    /// At most this percentage of a reference size (the kernel's
+    /// `max_pool_percent` of total RAM).
+    Percent { percent: u8, of_bytes: usize },
+}
+
+impl PoolLimit {
+    pub fn bytes(self) -> usize {
+        match self {
+            PoolLimit::Bytes(b) => b,
+            PoolLimit::Percent { percent, of_bytes } => of_bytes / 100 * percent as usize,
+        }
+    }
+}
+
+/// Configuration of the store.
+#[derive(Debug, Clone)]
+pub struct ZswapConfig {
+    /// Codec by kernel name (`lz4`, `zstd:3`, ...).
+    pub compressor: String,
+    /// The pool limit (default: 20% of physical memory).
+    pub max_pool: PoolLimit,
+    /// Stores resume when the pool has shrunk to this percentage of the
+    /// limit (default 90).
+    pub accept_threshold_percent: u8,
+    /// Swap slots when there is no backing file (with one, the file's size).
+    pub slots: u32,
+    /// How released slots are freed.
+    pub free_mode: FreeMode,
+    /// Compress a batch's pages together on the device's engines (when it
+    /// has any); false compresses page by page on the caller, as zswap did
+    /// before batching.
+    pub batching: bool,
+    /// Run a background worker that writes cold entries back when the pool
+    /// reaches its limit (needs a backing file).
+    pub writeback_worker: bool,
+}
+
+/// Physical memory of this machine, in bytes.
+pub fn physical_memory() -> usize {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as usize).saturating_mul(size.max(0) as usize)
+}
+
+impl Default for ZswapConfig {
+    fn default() -> Self {
+        ZswapConfig {
+            compressor: "lz4".into(),
+            max_pool: PoolLimit::Percent {
+                percent: 20,
+                of_bytes: physical_memory(),
+            },
+            accept_threshold_percent: 90,
+            slots: 1 << 18,
+            free_mode: FreeMode::Async,
+            batching: true,
+            writeback_worker: true,
+        }
+    }
+}
+
+/// Everything the store's threads share.
+pub(crate) struct Inner {
+    codec: Arc<dyn Codec>,
+    device: Arc<Device>,
+    pool: Pool,
+    index: Index,
+    allocator: Arc<SlotAllocator>,
+    releaser: SlotReleaser,
+    backing: Option<Arc<dyn Backing>>,
+    counters: Counters,
+    max_pool: usize,
+    accept_below: usize,
+    batching: bool,
+    /// Set when the pool hit its limit; cleared when it drains below the
+    /// accept threshold (the kernel's `zswap_pool_reached_full`).
+    pool_full: AtomicBool,
+    /// Pages in the pool, and of those the ones stored raw.
+    stored_pages: AtomicU64,
+    stored_raw_pages: AtomicU64,
+    lru: writeback::Lru,
+    worker: writeback::WorkerSignal,
+}
+
+/// The compressed store.
+pub struct Zswap {
+    inner: Arc<Inner>,
+    worker: Option<JoinHandle<()>>,
+}
+
+/// A configuration error.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Zswap {
+    /// A store compressing on `device`, writing back to `backing` if given.
+    pub fn new(config: ZswapConfig, device: Arc<Device>, backing: Option<Arc<dyn Backing>>) -> Result<Zswap, ConfigError> {
+        let codec = codec::by_name(&config.compressor).map_err(|e| ConfigError(e.to_string()))?;
+        if config.accept_threshold_percent > 100 {
+            return Err(ConfigError("accept_threshold_percent must be at most 100".into()));
+        }
+        let slots = backing.as_ref().map_or(config.slots, |b| b.slots());
+        if slots == 0 {
+            return Err(ConfigError("the swap space has no slots".into()));
+        }
+        let allocator = Arc::new(SlotAllocator::new(slots));
+        let releaser = SlotReleaser::new(config.free_mode, allocator.clone())
+            .map_err(|e| ConfigError(format!("starting the slot free worker: {e}")))?;
+        let max_pool = config.max_pool.bytes();
+        let inner = Arc::new(Inner {
+            codec,
+            device,
+            pool: Pool::new(),
+            index: Index::new(slots),
+            allocator,
+            releaser,
+            backing,
+            counters: Counters::default(),
+            max_pool,
+            accept_below: max_pool / 100 * config.accept_threshold_percent as usize,
+            batching: config.batching,
+            pool_full: AtomicBool::new(false),
+            stored_pages: AtomicU64::new(0),
+            stored_raw_pages: AtomicU64::new(0),
+            lru: writeback::Lru::new(),
+            worker: writeback::WorkerSignal::new(),
+        });
+        let worker = if config.writeback_worker && inner.backing.is_some() {
+            let w = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("uswap-writeback".into())
+                    .spawn(move || writeback::worker_loop(&w))
+                    .map_err(|e| ConfigError(format!("starting the writeback worker: {e}")))?,
+            )
+        } else {
+            None
+        };
+        Ok(Zswap { inner, worker })
+    }
+
+    /// Stores a batch of folios; one result per folio, in order.
+    pub fn store_batch(&self, folios: &[&[u8]]) -> Vec<Result<SlotRange, StoreError>> {
+        self.inner.store_batch(folios)
+    }
+
+    /// Loads a folio into `dst` (its pages, in order) and frees its entries
+    /// and slots.
+    pub fn load(&self, range: SlotRange, dst: &mut [u8]) -> Result<(), LoadError> {
+        self.inner.load(range, dst)
+    }
+
+    /// Drops a folio's entries and frees its slots without reading them.
+    pub fn invalidate(&self, range: SlotRange) {
+        self.inner.invalidate(range)
+    }
+
+    /// Writes up to `max_pages` cold pool entries back to the swap file;
+    /// returns how many were written.
+    pub fn writeback(&self, max_pages: usize) -> usize {
+        self.inner.writeback(max_pages)
+    }
+
+    /// Compacts the pool; returns the pages freed.
+    pub fn compact(&self) -> usize {
+        self.inner.pool.compact()
+    }
+
+    /// Frees every slot waiting in a release cache (for accounting checks).
+    pub fn drain_slot_caches(&self) {
+        self.inner.releaser.drain()
+    }
+
+    /// Slots allocated in the swap space.
+    pub fn slots_in_use(&self) -> u64 {
+        self.inner.allocator.in_use()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ZswapStats {
+        self.inner.stats()
+    }
+
+    /// The pool (for statistics).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The configured pool limit in bytes.
+    pub fn max_pool(&self) -> usize {
+        self.inner.max_pool
+    }
+
+    /// The codec in use.
+    pub fn codec(&self) -> &Arc<dyn Codec> {
+        &self.inner.codec
+    }
+
+    /// The slot releaser (its mode, counters and test hooks).
+    pub fn releaser(&self) -> &SlotReleaser {
+        &self.inner.releaser
+    }
+
+    /// Fault injection: corrupts the stored object of `slot` if it has one;
+    /// returns whether it did.
+    pub fn corrupt_stored_object(&self, slot: u32) -> bool {
+        match self.inner.index.get(slot) {
+            index::Entry::Pool { handle, len, .. } => {
+                self.inner.pool.corrupt(handle, len / 2);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `slot` holds an entry in the pool, written back, or same-filled.
+    pub fn is_stored(&self, slot: u32) -> bool {
+        !matches!(self.inner.index.get(slot), index::Entry::Empty)
+    }
+}
+
+impl Inner {
+    fn stats(&self) -> ZswapStats {
+        let mut s = self.counters.snapshot();
+        s.pool_total_size = self.pool.total_size() as u64;
+        s.stored_pages = self.stored_pages.load(Ordering::Relaxed);
+        s.stored_incompressible_pages = self.stored_raw_pages.load(Ordering::Relaxed);
+        s
+    }
+}
+
+impl Drop for Zswap {
+    fn drop(&mut self) {
+        self.inner.worker.stop();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The store path: slots, same-filled pages, batched compression, pool
+//! placement, and the all-or-nothing rule for folios.
+
+use super::index::Entry;
+use super::stats::bump;
+use super::{Inner, SlotRange, StoreError, MAX_FOLIO_PAGES, PAGE_SIZE};
+use crate::accel::{Job, JobError};
+use crate::codec::{same_filled, CodecError};
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+
+/// One folio on its way into the store.
+struct FolioPlan {
+    range: SlotRange,
+    order: usize,
+    failed: Option<StoreError>,
+    /// Entries ready to publish once the whole folio has succeeded.
+    staged: Vec<(u32, Entry, u32)>,
+    hit_limit: bool,
+}
+
+impl FolioPlan {
+    fn fail(&mut self, e: StoreError) {
+        self.failed.get_or_insert(e);
+    }
+}
+
+thread_local! {
+    /// Compressed output of one batch.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Inner {
+    pub(crate) fn store_batch(&self, folios: &[&[u8]]) -> Vec<Result<SlotRange, StoreError>> {
+        let mut plans: Vec<Result<FolioPlan, StoreError>> = folios.iter().map(|f| self.plan(f)).collect();
+
+        // Same-filled pages need no compression; the rest form one list.
+        let mut pending: Vec<(usize, usize)> = Vec::new();
+        for (fi, folio) in folios.iter().enumerate() {
+            let Ok(plan) = &mut plans[fi] else { continue };
+            for (pi, page) in folio.chunks(PAGE_SIZE).enumerate() {
+                match same_filled(page) {
+                    Some(b) => plan.staged.push((plan.range.first + pi as u32, Entry::Same(b), 0)),
+                    None => pending.push((fi, pi)),
+                }
+            }
+        }
+
+        let batch = if self.batching && self.device.has_batching() {
+            self.device.batch_size()
+        } else {
+            1
+        };
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            if scratch.len() < batch * PAGE_SIZE {
+                scratch.resize(batch * PAGE_SIZE, 0);
+            }
+            for chunk in pending.chunks(batch) {
+                let live: Vec<(usize, usize)> = chunk
+                    .iter()
+                    .copied()
+                    .filter(|&(fi, _)| plans[fi].as_ref().is_ok_and(|p| p.failed.is_none()))
+                    .collect();
+                let page = |(fi, pi): (usize, usize)| &folios[fi][pi * PAGE_SIZE..(pi + 1) * PAGE_SIZE];
+                let mut jobs: Vec<Job<'_>> = live
+                    .iter()
+                    .zip(scratch.chunks_mut(PAGE_SIZE))
+                    .map(|(&at, out)| Job::new(page(at), out))
+                    .collect();
+                if jobs.len() == 1 {
+                    let job = &mut jobs[0];
+                    job.result = Some(self.codec.compress(job.src, job.dst).map_err(JobError::from));
+                } else {
+                    self.device.compress_batch(self.codec.as_ref(), &mut jobs);
+                }
+                for (&(fi, pi), job) in live.iter().zip(&jobs) {
+                    let Ok(plan) = &mut plans[fi] else { unreachable!("live pages belong to planned folios") };
+                    let result = job.result.expect("a finished batch has every result");
+                    self.place_page(plan, pi, page((fi, pi)), result, job.dst);
+                }
+            }
+        });
+
+        plans.into_iter().map(|p| p.and_then(|plan| self.finish(plan))).collect()
+    }
+
+    /// Checks the folio's shape and gives it a contiguous run of slots.
+    fn plan(&self, folio: &[u8]) -> Result<FolioPlan, StoreError> {
+        let pages = folio.len() / PAGE_SIZE;
+        if folio.len() % PAGE_SIZE != 0 || !pages.is_power_of_two() || pages > MAX_FOLIO_PAGES {
+            return Err(StoreError::BadFolio);
+        }
+        let order = pages.trailing_zeros() as usize;
+        let Some(first) = self.allocator.alloc(order) else {
+            if order > 0 {
+                bump(&self.counters.swpout_fallback_by_order[order], 1);
+            }
+            return Err(StoreError::NoSlots);
+        };
+        Ok(FolioPlan {
+            range: SlotRange {
+                first,
+                pages: pages as u32,
+            },
+            order,
+            failed: None,
+            staged: Vec::with_capacity(pages),
+            hit_limit: false,
+        })
+    }
+
+    fn place_page(&self, plan: &mut FolioPlan, pi: usize, page: &[u8], result: Result<usize, JobError>, out: &[u8]) {
+        let slot = plan.range.first + pi as u32;
+        match result {
+            Ok(n) => self.put(plan, slot, &out[..n], false, page),
+            // The kernel keeps a page that does not shrink raw when it can
+            // be written back later, and rejects it otherwise.
+            Err(JobError::Codec(CodecError::DoesNotFit)) if self.backing.is_some() => self.put(plan, slot, page, true, page),
+            Err(JobError::Codec(CodecError::DoesNotFit)) => {
+                bump(&self.counters.reject_compress_poor, 1);
+                plan.fail(StoreError::CompressPoor);
+            }
+            Err(_) => {
+                bump(&self.counters.reject_compress_fail, 1);
+                plan.fail(StoreError::CompressFail);
+            }
+        }
+    }
+
+    /// Puts stored bytes in the pool, or the page in the swap file when the
+    /// pool refuses.
+    fn put(&self, plan: &mut FolioPlan, slot: u32, bytes: &[u8], raw: bool, page: &[u8]) {
+        if !self.pool_accepts() {
+            if !plan.hit_limit {
+                plan.hit_limit = true;
+                bump(&self.counters.pool_limit_hit, 1);
+            }
+            return self.put_in_file(plan, slot, page, StoreError::PoolLimit);
+        }
+        match self.pool.alloc(bytes.len()) {
+            Ok(handle) => {
+                self.pool.write(handle, bytes);
+                let entry = Entry::Pool {
+                    handle,
+                    len: bytes.len(),
+                    raw,
+                };
+                plan.staged.push((slot, entry, crc32c::crc32c(bytes)));
+            }
+            Err(_) => {
+                bump(&self.counters.reject_alloc_fail, 1);
+                self.put_in_file(plan, slot, page, StoreError::AllocFail);
+            }
+        }
+    }
+
+    fn put_in_file(&self, plan: &mut FolioPlan, slot: u32, page: &[u8], without_file: StoreError) {
+        let Some(backing) = &self.backing else {
+            return plan.fail(without_file);
+        };
+        match backing.write_page(slot, page) {
+            Ok(()) => plan.staged.push((slot, Entry::File, crc32c::crc32c(page))),
+            Err(_) => {
+                bump(&self.counters.swap_write_errors, 1);
+                plan.fail(StoreError::Io);
+            }
+        }
+    }
+
+    /// Whether the pool takes new objects, with the kernel's hysteresis:
+    /// once full, nothing until it has drained below the accept threshold.
+    pub(crate) fn pool_accepts(&self) -> bool {
+        let total = self.pool.total_size();
+        if total >= self.max_pool {
+            if !self.pool_full.swap(true, Ordering::AcqRel) {
+                self.worker.request();
+            }
+        } else if self.pool_full.load(Ordering::Acquire) && total <= self.accept_below {
+            self.pool_full.store(false, Ordering::Release);
+        }
+        !self.pool_full.load(Ordering::Acquire)
+    }
+
+    /// Publishes a folio that stored completely, or undoes one that did not.
+    fn finish(&self, plan: FolioPlan) -> Result<SlotRange, StoreError> {
+        if let Some(e) = plan.failed {
+            for &(_, entry, _) in &plan.staged {
+                if let Entry::Pool { handle, .. } = entry {
+                    self.pool.free(handle);
+                }
+            }
+            self.allocator.free_run(plan.range.first, plan.range.pages as usize);
+            return Err(e);
+        }
+        let (mut pooled, mut raw, mut same, mut filed) = (0, 0, 0, 0);
+        for &(slot, entry, crc) in &plan.staged {
+            self.index.publish(slot, entry, crc);
+            match entry {
+                Entry::Pool { raw: r, .. } => {
+                    pooled += 1;
+                    raw += r as u64;
+                    self.lru.add(&self.index, slot);
+                }
+                Entry::Same(_) => same += 1,
+                Entry::File => filed += 1,
+                Entry::Empty | Entry::Busy => unreachable!("only stored states are staged"),
+            }
+        }
+        bump(&self.counters.zswpout, pooled);
+        bump(&self.counters.swpout_zero, same);
+        bump(&self.counters.pswpout, filed);
+        bump(&self.counters.zswpout_by_order[plan.order], 1);
+        self.stored_pages.fetch_add(pooled, Ordering::Relaxed);
+        self.stored_raw_pages.fetch_add(raw, Ordering::Relaxed);
+        Ok(plan.range)
+    }
+}

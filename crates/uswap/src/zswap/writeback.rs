@@ -1,0 +1,162 @@
+//! Writeback: an LRU of pool entries with a referenced bit (second chance),
+//! and the worker that moves cold entries to the swap file when the pool is
+//! at its limit.
+
+use super::index::{Entry, Index, IN_LRU, REFERENCED};
+use super::stats::bump;
+use super::{Inner, PAGE_SIZE};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Condvar, Mutex};
+
+/// Pages written back per step of the worker.
+const WRITEBACK_STEP: usize = 64;
+
+/// Pool entries in store order. Each slot is queued at most once (its
+/// IN_LRU flag); entries loaded or invalidated since are skipped when they
+/// come up.
+pub(crate) struct Lru {
+    queue: Mutex<VecDeque<u32>>,
+}
+
+impl Lru {
+    pub fn new() -> Lru {
+        Lru {
+            queue: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Queues a newly stored entry, marked referenced: it survives one pass.
+    pub fn add(&self, index: &Index, slot: u32) {
+        let flags = &index.lru_flags[slot as usize];
+        let before = flags.fetch_or(IN_LRU | REFERENCED, Ordering::AcqRel);
+        if before & IN_LRU == 0 {
+            self.queue.lock().expect("lru lock").push_back(slot);
+        }
+    }
+
+    fn pop(&self, index: &Index) -> Option<u32> {
+        let slot = self.queue.lock().expect("lru lock").pop_front()?;
+        index.lru_flags[slot as usize].fetch_and(!IN_LRU, Ordering::AcqRel);
+        Some(slot)
+    }
+
+    fn len(&self) -> usize {
+        self.queue.lock().expect("lru lock").len()
+    }
+}
+
+struct Signal {
+    requested: bool,
+    stop: bool,
+}
+
+/// Wakes the writeback worker.
+pub(crate) struct WorkerSignal {
+    state: Mutex<Signal>,
+    cv: Condvar,
+}
+
+impl WorkerSignal {
+    pub fn new() -> WorkerSignal {
+        WorkerSignal {
+            state: Mutex::new(Signal {
+                requested: false,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub fn request(&self) {
+        self.state.lock().expect("signal lock").requested = true;
+        self.cv.notify_one();
+    }
+
+    pub fn stop(&self) {
+        self.state.lock().expect("signal lock").stop = true;
+        self.cv.notify_one();
+    }
+}
+
+impl Inner {
+    pub(crate) fn writeback(&self, max_pages: usize) -> usize {
+        let Some(backing) = &self.backing else { return 0 };
+        let mut page = [0u8; PAGE_SIZE];
+        let mut stored = [0u8; PAGE_SIZE];
+        let mut written = 0;
+        // Each queued slot is looked at no more than twice per call.
+        let mut budget = self.lru.len() * 2;
+        while written < max_pages && budget > 0 {
+            budget -= 1;
+            let Some(slot) = self.lru.pop(&self.index) else { break };
+            let entry = self.index.get(slot);
+            let Entry::Pool { handle, len, raw } = entry else { continue };
+            let flags = &self.index.lru_flags[slot as usize];
+            if flags.fetch_and(!REFERENCED, Ordering::AcqRel) & REFERENCED != 0 {
+                // Second chance: back to the tail, unreferenced.
+                if flags.fetch_or(IN_LRU, Ordering::AcqRel) & IN_LRU == 0 {
+                    self.lru.queue.lock().expect("lru lock").push_back(slot);
+                }
+                continue;
+            }
+            if !self.index.claim_if(slot, entry) {
+                continue;
+            }
+            let stored = &mut stored[..len];
+            self.pool.read(handle, stored);
+            let intact = crc32c::crc32c(stored) == self.index.crc(slot)
+                && if raw {
+                    page.copy_from_slice(stored);
+                    true
+                } else {
+                    self.codec.decompress(stored, &mut page).is_ok()
+                };
+            if !intact {
+                // Leave it in place: its load will report the corruption.
+                bump(&self.counters.decompress_fail, 1);
+                self.index.release(slot, entry);
+                continue;
+            }
+            if backing.write_page(slot, &page).is_err() {
+                bump(&self.counters.swap_write_errors, 1);
+                self.index.release(slot, entry);
+                self.lru.add(&self.index, slot);
+                break;
+            }
+            self.index.publish(slot, Entry::File, crc32c::crc32c(&page));
+            self.pool.free(handle);
+            self.stored_pages.fetch_sub(1, Ordering::Relaxed);
+            self.stored_raw_pages.fetch_sub(raw as u64, Ordering::Relaxed);
+            bump(&self.counters.zswpwb, 1);
+            bump(&self.counters.written_back_pages, 1);
+            bump(&self.counters.pswpout, 1);
+            written += 1;
+        }
+        written
+    }
+}
+
+/// Waits for requests; on each, writes back (and compacts) until the pool is
+/// below its accept threshold or nothing more can be moved.
+pub(crate) fn worker_loop(inner: &Inner) {
+    loop {
+        {
+            let mut state = inner.worker.state.lock().expect("signal lock");
+            while !state.requested && !state.stop {
+                state = inner.worker.cv.wait(state).expect("signal lock");
+            }
+            if state.stop {
+                return;
+            }
+            state.requested = false;
+        }
+        while inner.pool.total_size() > inner.accept_below {
+            let written = inner.writeback(WRITEBACK_STEP);
+            let compacted = inner.pool.compact();
+            if written == 0 && compacted == 0 {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The store against a model: random store / load / invalidate / writeback /
+//! compact sequences with every page checked on load; fault injection; pool
+//! limits and hysteresis.
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use uswap::accel::{Device, DeviceConfig};
+use uswap::corpus;
+use uswap::swap::{Backing, Fault, FreeMode, MemBacking};
+use uswap::zswap::{LoadError, PoolLimit, SlotRange, StoreError, Zswap, ZswapConfig, PAGE_SIZE};
+
+/// Pages of the corpus workloads in which every page shrinks under lz4
+/// (python-pkgdb holds incompressible numpy pages; tests that want those
+/// make them on purpose).
+fn corpus_pages() -> Vec<u8> {
+    let workloads = corpus::load_dir(&corpus::default_dir()).unwrap();
+    workloads
+        .iter()
+        .filter(|w| w.name != "python-pkgdb")
+        .flat_map(|w| w.pages.iter().copied())
+        .collect()
+}
+
+fn config(max_pool: usize, free_mode: FreeMode) -> ZswapConfig {
+    ZswapConfig {
+        compressor: "lz4".into(),
+        max_pool: PoolLimit::Bytes(max_pool),
+        slots: 1 << 14,
+        free_mode,
+        writeback_worker: false,
+        ..ZswapConfig::default()
+    }
+}
+
+fn store(z: &Zswap, data: &[u8]) -> Result<SlotRange, StoreError> {
+    z.store_batch(&[data]).remove(0)
+}
+
+/// A folio of `pages` pages: corpus pages, plus zero and random pages.
+fn folio(corpus: &[u8], seed: usize, pages: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(pages * PAGE_SIZE);
+    for i in 0..pages {
+        let k = seed.wrapping_mul(31).wrapping_add(i * 7);
+        match k % 11 {
+            0 => out.extend(std::iter::repeat_n(0u8, PAGE_SIZE)),
+            1 => out.extend(std::iter::repeat_n((k % 251) as u8, PAGE_SIZE)),
+            2 => out.extend((0..PAGE_SIZE as u64 / 8).flat_map(|j| (j * k as u64).to_le_bytes())),
+            _ => {
+                let p = k % (corpus.len() / PAGE_SIZE);
+                out.extend_from_slice(&corpus[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
+            }
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store { seed: usize, order: usize },
+    Load(usize),
+    Invalidate(usize),
+    Writeback(usize),
+    Compact,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<usize>(), prop_oneof![Just(0usize), Just(2), Just(4)]).prop_map(|(seed, order)| Op::Store { seed, order }),
+        3 => any::<usize>().prop_map(Op::Load),
+        1 => any::<usize>().prop_map(Op::Invalidate),
+        1 => (1usize..40).prop_map(Op::Writeback),
+        1 => Just(Op::Compact),
+    ]
+}
+
+fn run_model(ops: &[Op], with_file: bool, engines: usize, free_mode: FreeMode) {
+    let corpus = corpus_pages();
+    let device = Arc::new(Device::new(DeviceConfig::with_engines(engines)).unwrap());
+    let backing: Option<Arc<dyn Backing>> = with_file.then(|| Arc::new(MemBacking::new(1 << 14)) as Arc<dyn Backing>);
+    // A small pool so the limit, the file and writeback all come into play.
+    let z = Zswap::new(config(96 << 10, free_mode), device, backing).unwrap();
+    let mut model: Vec<(SlotRange, Vec<u8>)> = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Store { seed, order } => {
+                let data = folio(&corpus, seed, 1 << order);
+                match store(&z, &data) {
+                    Ok(range) => {
+                        assert_eq!(range.pages as usize, 1 << order);
+                        model.push((range, data));
+                    }
+                    Err(e) => {
+                        assert!(!with_file || e == StoreError::NoSlots, "store failed with a file: {e:?}");
+                    }
+                }
+            }
+            Op::Load(i) if !model.is_empty() => {
+                let (range, data) = model.swap_remove(i % model.len());
+                let mut out = vec![0u8; data.len()];
+                z.load(range, &mut out).unwrap();
+                assert!(out == data, "a loaded folio differs from what was stored");
+                assert_eq!(z.load(range, &mut out), Err(LoadError::NotStored(range.first)), "loads are exclusive");
+            }
+            Op::Invalidate(i) if !model.is_empty() => {
+                let (range, _) = model.swap_remove(i % model.len());
+                z.invalidate(range);
+                assert!(range.slots().all(|s| !z.is_stored(s)));
+            }
+            Op::Writeback(n) => {
+                z.writeback(n);
+            }
+            Op::Compact => {
+                z.compact();
+            }
+            _ => {}
+        }
+        let stats = z.stats();
+        assert!(stats.pool_total_size as usize <= (96 << 10) + 8 * PAGE_SIZE, "pool over its limit");
+    }
+    for (range, data) in model.drain(..) {
+        let mut out = vec![0u8; data.len()];
+        z.load(range, &mut out).unwrap();
+        assert!(out == data);
+    }
+    z.drain_slot_caches();
+    assert_eq!(z.slots_in_use(), 0, "every slot came back");
+    let stats = z.stats();
+    assert_eq!(stats.stored_pages, 0);
+    assert_eq!(z.pool().total_size(), 0);
+    assert_eq!(stats.decompress_fail, 0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn store_matches_the_model_with_a_swap_file(ops in proptest::collection::vec(op(), 1..120), engines in 0usize..3) {
+        run_model(&ops, true, engines, FreeMode::Async);
+    }
+
+    #[test]
+    fn store_matches_the_model_without_a_swap_file(ops in proptest::collection::vec(op(), 1..120)) {
+        run_model(&ops, false, 2, FreeMode::Batched);
+    }
+}
+
+#[test]
+fn concurrent_stores_loads_and_invalidations_with_writeback_and_compaction() {
+    let corpus = corpus_pages();
+    let device = Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap());
+    let backing = Arc::new(MemBacking::new(1 << 14));
+    let mut cfg = config(512 << 10, FreeMode::Async);
+    cfg.writeback_worker = true;
+    let z = Zswap::new(cfg, device, Some(backing)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let mut workers = Vec::new();
+        for t in 0..3usize {
+            let (z, corpus) = (&z, &corpus);
+            workers.push(s.spawn(move || {
+                let mut mine: Vec<(SlotRange, Vec<u8>)> = Vec::new();
+                for i in 0..400usize {
+                    let seed = t * 100_000 + i;
+                    if i % 3 == 2 && !mine.is_empty() {
+                        let (range, data) = mine.swap_remove(seed % mine.len());
+                        let mut out = vec![0u8; data.len()];
+                        z.load(range, &mut out).unwrap();
+                        assert!(out == data, "thread {t}: a folio changed");
+                    } else if i % 7 == 6 && !mine.is_empty() {
+                        let (range, _) = mine.swap_remove(seed % mine.len());
+                        z.invalidate(range);
+                    } else {
+                        let folios: Vec<Vec<u8>> = (0..3).map(|k| folio(corpus, seed * 3 + k, [1, 4, 16][k])).collect();
+                        let refs: Vec<&[u8]> = folios.iter().map(|f| f.as_slice()).collect();
+                        for (r, f) in z.store_batch(&refs).into_iter().zip(folios) {
+                            mine.push((r.expect("store with a file"), f));
+                        }
+                    }
+                }
+                for (range, data) in mine {
+                    let mut out = vec![0u8; data.len()];
+                    z.load(range, &mut out).unwrap();
+                    assert!(out == data);
+                }
+            }));
+        }
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                z.compact();
+                z.writeback(16);
+                std::thread::yield_now();
+            }
+        });
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let stats = z.stats();
+    assert!(stats.written_back_pages > 0, "writeback ran");
+    assert!(stats.pswpin > 0, "written-back pages were loaded from the file");
+    assert_eq!(stats.decompress_fail, 0);
+    z.drain_slot_caches();
+    assert_eq!(z.slots_in_use(), 0);
+}
+
+#[test]
+fn swap_file_faults_lose_nothing_and_are_reported() {
+    let corpus = corpus_pages();
+    for fault in [Fault::NoSpace, Fault::Io, Fault::ShortWrite] {
+        let device = Arc::new(Device::synchronous());
+        let backing = Arc::new(MemBacking::new(4096));
+        // A pool of zero bytes: every page goes to the file.
+        let z = Zswap::new(config(0, FreeMode::Immediate), device, Some(backing.clone() as Arc<dyn Backing>)).unwrap();
+        let data = folio(&corpus, 5, 16);
+        backing.fail_next_write(fault);
+        assert_eq!(store(&z, &data), Err(StoreError::Io), "{fault:?}");
+        assert_eq!(z.slots_in_use(), 0, "the failed folio's slots were freed");
+        let stats = z.stats();
+        assert_eq!(stats.swap_write_errors, 1);
+        assert_eq!(stats.pswpout, 0, "nothing counted as written");
+        // The same folio stores once the file works again.
+        let range = store(&z, &data).unwrap();
+        let mut out = vec![0u8; data.len()];
+        backing.fail_next_read(Fault::Io);
+        assert_eq!(z.load(range, &mut out), Err(LoadError::Io(range.first + first_file_page(&data))));
+        assert_eq!(z.stats().swap_read_errors, 1);
+        z.load(range, &mut out).unwrap();
+        assert!(out == data, "a failed read left the entry intact");
+    }
+}
+
+/// Index of the first page that is not same-filled (the first to touch the file).
+fn first_file_page(data: &[u8]) -> u32 {
+    data.chunks(PAGE_SIZE).position(|p| uswap::codec::same_filled(p).is_none()).unwrap() as u32
+}
+
+#[test]
+fn writeback_errors_keep_the_entry_in_the_pool() {
+    let corpus = corpus_pages();
+    let backing = Arc::new(MemBacking::new(4096));
+    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), Some(backing.clone() as Arc<dyn Backing>)).unwrap();
+    let data = folio(&corpus, 9, 16);
+    let range = store(&z, &data).unwrap();
+    backing.fail_next_write(Fault::Io);
+    assert_eq!(z.writeback(100), 0);
+    assert_eq!(z.stats().swap_write_errors, 1);
+    let written = z.writeback(100);
+    assert!(written > 0);
+    assert_eq!(z.stats().written_back_pages, written as u64);
+    let mut out = vec![0u8; data.len()];
+    z.load(range, &mut out).unwrap();
+    assert!(out == data);
+    assert_eq!(z.stats().pswpin, written as u64);
+}
+
+#[test]
+fn pool_allocation_failure_rejects_the_whole_folio() {
+    let corpus = corpus_pages();
+    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    let data = folio(&corpus, 3, 16);
+    z.pool().fail_next_allocs(1);
+    assert_eq!(store(&z, &data), Err(StoreError::AllocFail));
+    let stats = z.stats();
+    assert_eq!(stats.reject_alloc_fail, 1);
+    assert_eq!(stats.stored_pages, 0, "pages stored before the failure were dropped");
+    assert_eq!(z.pool().total_size(), 0);
+    assert_eq!(z.slots_in_use(), 0);
+    assert!(store(&z, &data).is_ok());
+}
+
+#[test]
+fn incompressible_pages_are_rejected_without_a_file_and_stored_raw_with_one() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+    let random: Vec<u8> = (0..4 * PAGE_SIZE).map(|_| rng.gen()).collect();
+    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    assert_eq!(store(&z, &random), Err(StoreError::CompressPoor));
+    assert!(z.stats().reject_compress_poor >= 1);
+    let backing: Arc<dyn Backing> = Arc::new(MemBacking::new(64));
+    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), Some(backing)).unwrap();
+    let range = store(&z, &random).unwrap();
+    assert_eq!(z.stats().stored_incompressible_pages, 4);
+    let mut out = vec![0u8; random.len()];
+    z.load(range, &mut out).unwrap();
+    assert!(out == random);
+}
+
+#[test]
+fn a_corrupt_object_is_a_decompress_fail_never_data() {
+    let corpus = corpus_pages();
+    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap()), None).unwrap();
+    let data = folio(&corpus, 4, 16);
+    let range = store(&z, &data).unwrap();
+    let victim = range.slots().find(|&s| z.corrupt_stored_object(s)).unwrap();
+    let mut out = vec![0u8; data.len()];
+    assert_eq!(z.load(range, &mut out), Err(LoadError::Corrupt(victim)));
+    assert_eq!(z.stats().decompress_fail, 1);
+    assert!(z.is_stored(victim), "the entry is kept, not silently dropped");
+}
+
+#[test]
+fn an_engine_that_stops_answering_does_not_block_the_store() {
+    let corpus = corpus_pages();
+    let device = Arc::new(
+        Device::new(DeviceConfig {
+            engines: 2,
+            stall_timeout: Duration::from_millis(5),
+            ..DeviceConfig::default()
+        })
+        .unwrap(),
+    );
+    device.pause_engine(0, true);
+    let z = Zswap::new(config(4 << 20, FreeMode::Immediate), device.clone(), None).unwrap();
+    let data = folio(&corpus, 11, 64);
+    let range = store(&z, &data).unwrap();
+    let mut out = vec![0u8; data.len()];
+    z.load(range, &mut out).unwrap();
+    assert!(out == data);
+    assert!(device.stats().engines[0].stall_recoveries > 0, "the stalled engine's jobs were taken back");
+}
+
+#[test]
+fn pool_limit_holds_and_hysteresis_works_both_ways() {
+    let corpus = corpus_pages();
+    let max = 256 << 10;
+    let z = Zswap::new(config(max, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    let mut stored = Vec::new();
+    let mut refused = 0;
+    for seed in 0..200 {
+        let data = folio(&corpus, seed * 13 + 3, 4);
+        match store(&z, &data) {
+            Ok(r) => stored.push((r, data)),
+            Err(StoreError::PoolLimit) => refused += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(z.pool().total_size() <= max + 8 * PAGE_SIZE, "pool exceeded its limit by more than a zspage");
+    }
+    assert!(refused > 0);
+    let hits = z.stats().pool_limit_hit;
+    assert_eq!(hits, refused);
+    // Free a little: still above the 90% accept threshold, still refused.
+    let mut out = vec![0u8; 4 * PAGE_SIZE];
+    while z.pool().total_size() > max * 95 / 100 {
+        let (r, data) = stored.pop().unwrap();
+        z.load(r, &mut out).unwrap();
+        assert!(out == data);
+        z.compact();
+    }
+    if z.pool().total_size() > max * 90 / 100 {
+        assert_eq!(store(&z, &folio(&corpus, 7, 4)), Err(StoreError::PoolLimit), "refused until below the threshold");
+    }
+    // Drain below the threshold: stores are accepted again.
+    while z.pool().total_size() > max * 80 / 100 {
+        let (r, _) = stored.pop().unwrap();
+        z.load(r, &mut out).unwrap();
+        z.compact();
+    }
+    assert!(store(&z, &folio(&corpus, 8, 4)).is_ok(), "accepted again below the threshold");
+}
