@@ -34,3 +34,50 @@ pub fn existing_dir(s: &str) -> Result<PathBuf, String> {
         Err(format!("{s}: not a directory"))
     }
 }
+
+/// Knobs of the software compression device, shared by every command that
+/// starts one.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Compression engines (threads); 0 runs everything on the caller.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub engines: u32,
+    /// Jobs per batch.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=512))]
+    pub batch_size: u32,
+    /// Caller-to-engine mapping: local or global.
+    #[arg(long, default_value = "global")]
+    pub mapping: uswap::accel::Mapping,
+    /// Let the caller run jobs of its own batch while the engines work.
+    #[arg(long)]
+    pub caller_assist: bool,
+    /// Do not pin engines to CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Microseconds an idle engine polls before it sleeps.
+    #[arg(long, default_value_t = 50)]
+    pub idle_poll_us: u64,
+    /// Microseconds a waiting caller polls before it sleeps.
+    #[arg(long, default_value_t = 50)]
+    pub wait_poll_us: u64,
+    /// Verify every compressed result.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+impl DeviceArgs {
+    pub fn config(&self) -> uswap::accel::DeviceConfig {
+        use std::time::Duration;
+        uswap::accel::DeviceConfig {
+            engines: self.engines as usize,
+            batch_size: self.batch_size as usize,
+            mapping: self.mapping,
+            caller_assist: self.caller_assist,
+            pin: !self.no_pin,
+            idle_poll: Duration::from_micros(self.idle_poll_us),
+            wait_poll: Duration::from_micros(self.wait_poll_us),
+            verify: self.verify,
+            ..uswap::accel::DeviceConfig::default()
+        }
+    }
+}

@@ -20,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Benchmarks: `uswap bench codecs`.
+    /// Benchmarks: `uswap bench codecs`, `uswap bench store`.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
@@ -34,6 +34,9 @@ enum BenchCommand {
     /// Codec latency and ratio per folio size, our layer against the raw
     /// codec, the by_n table, and batched against sequential compression.
     Codecs(bench::codecs::Args),
+    /// The compressed store: batched vs sequential store and load per folio
+    /// size, pool efficiency, and the slot free modes.
+    Store(bench::store::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench { which } => match which {
             BenchCommand::Codecs(args) => bench::codecs::run(&args),
+            BenchCommand::Store(args) => bench::store::run(&args),
         },
         Command::TrainDict(args) => train_dict::run(&args),
     };

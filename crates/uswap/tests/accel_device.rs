@@ -177,18 +177,21 @@ fn scope_submit_poll_wait() {
     for engines in [0, 2] {
         let device = Device::new(DeviceConfig::with_engines(engines)).unwrap();
         let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
-        let results: Vec<Result<usize, JobError>> = device.scope(|s| {
+        let results: Vec<Option<Vec<u8>>> = device.scope(|s| {
             let tickets: Vec<_> = pages
                 .iter()
                 .zip(bufs.iter_mut())
                 .map(|(p, b)| s.submit(codec.as_ref(), Op::Compress, p, b))
                 .collect();
-            tickets.iter().map(|&t| s.wait(t)).collect()
+            tickets
+                .into_iter()
+                .map(|t| {
+                    let (r, out) = s.wait(t);
+                    r.ok().map(|n| out[..n].to_vec())
+                })
+                .collect()
         });
-        for ((r, b), e) in results.iter().zip(&bufs).zip(&expected) {
-            let got = r.ok().map(|n| b[..n].to_vec());
-            assert_eq!(&got, e);
-        }
+        assert_eq!(results, expected);
     }
 }
 
@@ -206,11 +209,18 @@ fn poll_reports_progress_without_blocking() {
     let mut buf = vec![0u8; 4096];
     device.scope(|s| {
         let t = s.submit(codec.as_ref(), Op::Compress, &page, &mut buf);
-        assert_eq!(s.poll(t), None, "a paused engine has not run the job");
+        assert_eq!(s.poll(&t), None, "a paused engine has not run the job");
         device.pause_engine(0, false);
-        let r = s.wait(t);
-        assert!(r.is_ok());
-        assert_eq!(s.poll(t), Some(r));
+        while s.poll(&t).is_none() {
+            std::thread::yield_now();
+        }
+        let polled = s.poll(&t);
+        let (r, out) = s.wait(t);
+        assert_eq!(polled, Some(r));
+        let n = r.unwrap();
+        let mut back = vec![0u8; 4096];
+        codec.decompress(&out[..n], &mut back).unwrap();
+        assert!(back == page);
     });
 }
 

@@ -45,7 +45,7 @@ fn a_partial_last_cluster_is_usable_to_its_end() {
 
 fn churn(mode: FreeMode, hold_worker: bool) {
     let allocator = Arc::new(SlotAllocator::new(8192));
-    let releaser = SlotReleaser::new(mode, allocator.clone()).unwrap();
+    let releaser = SlotReleaser::new(mode, allocator.clone(), None).unwrap();
     if hold_worker {
         releaser.hold_worker(true);
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-use uswap::accel::{Device, DeviceConfig, Job, Mapping};
+use uswap::accel::{Device, DeviceConfig, Job};
 use uswap::codec::lz4::{lz4_decompress, Lz4State};
 use uswap::codec::lzo::{self, LzoTable, Version};
 use uswap::codec::{self, byn, Codec, CodecError, DEFAULT_DICTIONARY};
@@ -33,9 +33,8 @@ pub struct Args {
     /// Codec for the by_n and batch tables.
     #[arg(long, default_value = "lz4", value_parser = args::codec_name)]
     table_codec: String,
-    /// Engines for the by_n and batch tables.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
-    engines: u32,
+    #[command(flatten)]
+    device: args::DeviceArgs,
     /// Batch sizes for the batch table.
     #[arg(long, default_value = "8,16,32", value_parser = clap::value_parser!(u32).range(1..=512), value_delimiter = ',')]
     batches: Vec<u32>,
@@ -226,9 +225,10 @@ fn measure_codec(spec: &str, folio_size: usize, folios: &[&[u8]], rounds: u32) -
     }
 }
 
-fn measure_byn(spec: &str, engines: usize, folios: &[&[u8]], rounds: u32) -> Result<Vec<BynRow>, String> {
+fn measure_byn(spec: &str, config: &DeviceConfig, folios: &[&[u8]], rounds: u32) -> Result<Vec<BynRow>, String> {
     let codec = codec::by_name(spec).expect("validated codec");
-    let device = Device::new(DeviceConfig::with_engines(engines)).map_err(|e| format!("starting engines: {e}"))?;
+    let engines = config.engines;
+    let device = Device::new(config.clone()).map_err(|e| format!("starting engines: {e}"))?;
     let folio_size = folios[0].len();
     let mut rows: Vec<BynRow> = Vec::new();
     let mut dst = vec![0u8; folio_size];
@@ -302,7 +302,8 @@ fn batched_rate(device: &Device, codec: &dyn Codec, pages: &[&[u8]], batch: usiz
     (pages.len() as f64 * rounds as f64) / t.elapsed().as_secs_f64()
 }
 
-fn measure_batches(spec: &str, engines: usize, batches: &[usize], pages: &[&[u8]], rounds: u32) -> Result<Vec<BatchRow>, String> {
+fn measure_batches(spec: &str, base: &DeviceConfig, batches: &[usize], pages: &[&[u8]], rounds: u32) -> Result<Vec<BatchRow>, String> {
+    let engines = base.engines;
     let codec: Arc<dyn Codec> = codec::by_name(spec).expect("validated codec");
     let row = |batch, engines, mode, caller_assist, rate: f64, seq: f64| BatchRow {
         codec: spec.to_string(),
@@ -327,8 +328,7 @@ fn measure_batches(spec: &str, engines: usize, batches: &[usize], pages: &[&[u8]
                 engines,
                 batch_size,
                 caller_assist,
-                mapping: Mapping::Global,
-                ..DeviceConfig::default()
+                ..base.clone()
             })
         })
         .collect::<Result<_, _>>()
@@ -354,7 +354,7 @@ fn measure_batches(spec: &str, engines: usize, batches: &[usize], pages: &[&[u8]
 pub fn run(args: &Args) -> Result<(), String> {
     let dir = args.corpus.clone().unwrap_or_else(corpus::default_dir);
     let workloads = corpus::load_dir(&dir).map_err(|e| format!("loading the corpus: {e}"))?;
-    let engines = args.engines as usize;
+    let device_config = args.device.config();
 
     let bar = progress((args.codecs.len() * args.folios.len() + 2) as u64, "codecs");
     let mut codec_rows = Vec::new();
@@ -371,12 +371,12 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     bar.set_message("by_n");
     let folios64: Vec<&[u8]> = workloads.iter().flat_map(|w| w.folios(64 << 10)).collect();
-    let byn_rows = measure_byn(&args.table_codec, engines, &folios64, args.rounds)?;
+    let byn_rows = measure_byn(&args.table_codec, &device_config, &folios64, args.rounds)?;
     bar.inc(1);
     bar.set_message("batches");
     let pages: Vec<&[u8]> = workloads.iter().flat_map(|w| w.folios(corpus::PAGE_SIZE)).collect();
     let batches: Vec<usize> = args.batches.iter().map(|&b| b as usize).collect();
-    let batch_rows = measure_batches(&args.table_codec, engines, &batches, &pages, args.rounds.max(3))?;
+    let batch_rows = measure_batches(&args.table_codec, &device_config, &batches, &pages, args.rounds.max(3))?;
     bar.finish_and_clear();
 
     let mut t = Table::new(&[

@@ -298,8 +298,9 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
-/// A handle to one job submitted in a [`Scope`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A handle to one job submitted in a [`Scope`]. Waiting consumes it and
+/// gives the output buffer back.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Ticket(usize);
 
 /// Single-job submission: `submit`, then `poll` or `wait`.
@@ -329,13 +330,13 @@ impl<'env> Scope<'env> {
     }
 
     /// The job's result if it has finished, `None` while it runs.
-    pub fn poll(&self, ticket: Ticket) -> Option<Result<usize, JobError>> {
+    pub fn poll(&self, ticket: &Ticket) -> Option<Result<usize, JobError>> {
         self.cells.borrow()[ticket.0].result()
     }
 
     /// Waits for the job (running it here if no engine has started it and
-    /// caller assist is on) and returns its result.
-    pub fn wait(&self, ticket: Ticket) -> Result<usize, JobError> {
+    /// caller assist is on); returns its result and its output buffer.
+    pub fn wait(&self, ticket: Ticket) -> (Result<usize, JobError>, &'env mut [u8]) {
         let cells = self.cells.borrow();
         let cell = &cells[ticket.0];
         if self.device.config.caller_assist && cell.claim() {
@@ -348,7 +349,12 @@ impl<'env> Scope<'env> {
             }
             std::thread::yield_now();
         }
-        cell.result().expect("a finished job has a result")
+        let result = cell.result().expect("a finished job has a result");
+        // SAFETY: the buffer was lent to `submit` for 'env and the job is
+        // done, so no engine touches it again; the ticket is consumed, so the
+        // buffer is handed back once.
+        let dst = unsafe { std::slice::from_raw_parts_mut(cell.dst, cell.dst_len) };
+        (result, dst)
     }
 }
 

@@ -7,6 +7,10 @@
 //! - `async`: a full cache is handed to a background worker; if the worker is
 //!   still busy with the previous batch, the releasing thread frees the
 //!   slots itself (the seed's fallback).
+//!
+//! Freeing a slot runs the owner's [`FreeHook`] first (the store frees the
+//! slot's pool object there, as the kernel frees a zswap entry when its swap
+//! slot is freed), then returns the slot to the allocator.
 
 use super::slots::{thread_shard, SlotAllocator, SHARD_COUNT};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -90,18 +94,44 @@ struct Worker {
     busy: AtomicBool,
 }
 
+/// Work to do for a slot just before it becomes free.
+pub type FreeHook = Arc<dyn Fn(u32) + Send + Sync>;
+
+/// Frees slots: runs the hook, then returns them to the allocator.
+struct Freer {
+    allocator: Arc<SlotAllocator>,
+    hook: Option<FreeHook>,
+}
+
+impl Freer {
+    fn free(&self, slot: u32) {
+        if let Some(hook) = &self.hook {
+            hook(slot);
+        }
+        self.allocator.free(slot);
+    }
+
+    fn free_all(&self, slots: &[u32]) {
+        for &s in slots {
+            self.free(s);
+        }
+    }
+}
+
 /// Releases slots into an allocator according to a [`FreeMode`].
 pub struct SlotReleaser {
     mode: FreeMode,
-    allocator: Arc<SlotAllocator>,
+    freer: Arc<Freer>,
     caches: Vec<Mutex<Vec<u32>>>,
     worker: Option<(Arc<Worker>, JoinHandle<()>)>,
     counters: Arc<FreeCounters>,
 }
 
 impl SlotReleaser {
-    pub fn new(mode: FreeMode, allocator: Arc<SlotAllocator>) -> std::io::Result<SlotReleaser> {
+    /// A releaser into `allocator`; `hook` runs for each slot as it is freed.
+    pub fn new(mode: FreeMode, allocator: Arc<SlotAllocator>, hook: Option<FreeHook>) -> std::io::Result<SlotReleaser> {
         let counters = Arc::new(FreeCounters::default());
+        let freer = Arc::new(Freer { allocator, hook });
         let worker = if mode == FreeMode::Async {
             let w = Arc::new(Worker {
                 held: Mutex::new(false),
@@ -111,17 +141,17 @@ impl SlotReleaser {
                 idle: Condvar::new(),
                 busy: AtomicBool::new(false),
             });
-            let (wc, ac, cc) = (w.clone(), allocator.clone(), counters.clone());
+            let (wc, fc, cc) = (w.clone(), freer.clone(), counters.clone());
             let handle = std::thread::Builder::new()
                 .name("uswap-slot-free".into())
-                .spawn(move || worker_loop(&wc, &ac, &cc))?;
+                .spawn(move || worker_loop(&wc, &fc, &cc))?;
             Some((w, handle))
         } else {
             None
         };
         Ok(SlotReleaser {
             mode,
-            allocator,
+            freer,
             caches: (0..SHARD_COUNT).map(|_| Mutex::new(Vec::with_capacity(RETURN_CACHE))).collect(),
             worker,
             counters,
@@ -148,7 +178,7 @@ impl SlotReleaser {
     pub fn release(&self, slot: u32) {
         self.counters.released.fetch_add(1, Ordering::Relaxed);
         if self.mode == FreeMode::Immediate {
-            self.allocator.free(slot);
+            self.freer.free(slot);
             self.counters.freed_immediately.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -164,12 +194,12 @@ impl SlotReleaser {
             Some((worker, _)) => {
                 if let Err(full) = self.hand_off(worker, full) {
                     self.counters.async_direct_frees.fetch_add(1, Ordering::Relaxed);
-                    self.free_all(&full);
+                    self.freer.free_all(&full);
                 }
             }
             None => {
                 self.counters.cache_flushes_by_caller.fetch_add(1, Ordering::Relaxed);
-                self.free_all(&full);
+                self.freer.free_all(&full);
             }
         }
     }
@@ -189,12 +219,6 @@ impl SlotReleaser {
         Ok(())
     }
 
-    fn free_all(&self, slots: &[u32]) {
-        for &s in slots {
-            self.allocator.free(s);
-        }
-    }
-
     /// Fault injection: while held, the async worker keeps the batch it was
     /// given without freeing it, so releasers see it busy.
     pub fn hold_worker(&self, hold: bool) {
@@ -209,7 +233,7 @@ impl SlotReleaser {
     pub fn drain(&self) {
         for cache in &self.caches {
             let slots = std::mem::take(&mut *cache.lock().expect("return cache lock"));
-            self.free_all(&slots);
+            self.freer.free_all(&slots);
         }
         if let Some((worker, _)) = &self.worker {
             let mut mailbox = worker.mailbox.lock().expect("mailbox lock");
@@ -220,7 +244,7 @@ impl SlotReleaser {
     }
 }
 
-fn worker_loop(worker: &Worker, allocator: &SlotAllocator, counters: &FreeCounters) {
+fn worker_loop(worker: &Worker, freer: &Freer, counters: &FreeCounters) {
     let mut mailbox = worker.mailbox.lock().expect("mailbox lock");
     loop {
         if let Some(batch) = mailbox.batch.take() {
@@ -230,9 +254,7 @@ fn worker_loop(worker: &Worker, allocator: &SlotAllocator, counters: &FreeCounte
                 held = worker.released.wait(held).expect("hold lock");
             }
             drop(held);
-            for &s in &batch {
-                allocator.free(s);
-            }
+            freer.free_all(&batch);
             counters.freed_by_worker.fetch_add(batch.len() as u64, Ordering::Relaxed);
             mailbox = worker.mailbox.lock().expect("mailbox lock");
             worker.busy.store(false, Ordering::Release);

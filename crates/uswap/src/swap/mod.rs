@@ -11,5 +11,5 @@ pub mod free;
 pub mod slots;
 
 pub use file::{Backing, Fault, MemBacking, SwapFile, SLOT_SIZE};
-pub use free::{FreeMode, FreeStats, SlotReleaser};
+pub use free::{FreeHook, FreeMode, FreeStats, SlotReleaser};
 pub use slots::SlotAllocator;

@@ -12,6 +12,8 @@ use super::{MAX_PAGES_PER_ZSPAGE, PAGE_SIZE};
 pub(crate) const MIN_SIZE: usize = 32;
 pub(crate) const MAX_SIZE: usize = PAGE_SIZE;
 pub(crate) const STEP: usize = 16;
+/// Used fraction (basis points) at which a shorter zspage chain is preferred.
+const GOOD_ENOUGH_BP: usize = 9_300;
 
 /// The shape of one (merged) class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,27 +27,25 @@ pub struct ClassShape {
 }
 
 fn best_shape(size: usize) -> ClassShape {
-    let mut best = ClassShape {
+    let shape = |pages: usize| ClassShape {
         size,
-        pages_per_zspage: 1,
-        objs_per_zspage: PAGE_SIZE / size,
+        pages_per_zspage: pages,
+        objs_per_zspage: pages * PAGE_SIZE / size,
     };
-    let mut best_used = 0usize;
-    for pages in 1..=MAX_PAGES_PER_ZSPAGE {
-        let bytes = pages * PAGE_SIZE;
-        let objs = bytes / size;
-        // Used fraction as a fixed-point number; ties keep fewer pages.
-        let used = objs * size * 10_000 / bytes;
-        if used > best_used {
-            best_used = used;
-            best = ClassShape {
-                size,
-                pages_per_zspage: pages,
-                objs_per_zspage: objs,
-            };
-        }
-    }
-    best
+    // Used fraction in basis points.
+    let used = |s: ClassShape| s.objs_per_zspage * size * 10_000 / (s.pages_per_zspage * PAGE_SIZE);
+    // The shortest chain that wastes at most GOOD_ENOUGH of its zspage:
+    // every class has one partly filled zspage, so a longer chain costs
+    // more in that last zspage than it saves at its end. Failing that, the
+    // chain that wastes least.
+    (1..=MAX_PAGES_PER_ZSPAGE)
+        .map(shape)
+        .find(|&s| used(s) >= GOOD_ENOUGH_BP)
+        .unwrap_or_else(|| {
+            (1..=MAX_PAGES_PER_ZSPAGE)
+                .map(shape)
+                .fold(shape(1), |best, s| if used(s) > used(best) { s } else { best })
+        })
 }
 
 /// The merged classes, and for each 16-byte size step the class it maps to.

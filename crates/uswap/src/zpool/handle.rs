@@ -3,12 +3,16 @@
 //! A handle indexes a table of atomic words, each holding the object's
 //! current location (class, zspage, slot). Compaction rewrites the word;
 //! the handle the store keeps stays the same. The table grows in chunks
-//! that never move, so reading a location takes no lock.
+//! that never move, so reading a location takes no lock. A free handle's
+//! word holds a sentinel, so that compaction can find a zspage's objects by
+//! scanning the table instead of keeping a back pointer per object.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 const CHUNK: usize = 4096;
+/// The word of a handle that names no object.
+const FREE: u64 = u64::MAX;
 const MAX_CHUNKS: usize = 4096;
 
 /// The name of an object in the pool.
@@ -84,7 +88,7 @@ impl HandleTable {
                 if chunk >= MAX_CHUNKS {
                     return None;
                 }
-                self.chunks[chunk].get_or_init(|| (0..CHUNK).map(|_| AtomicU64::new(0)).collect());
+                self.chunks[chunk].get_or_init(|| (0..CHUNK).map(|_| AtomicU64::new(FREE)).collect());
                 free.next += 1;
                 id
             }
@@ -96,7 +100,25 @@ impl HandleTable {
     }
 
     pub fn free(&self, h: Handle) {
+        self.word(h).store(FREE, Ordering::Release);
         self.free.lock().expect("handle table lock").ids.push(h.0);
+    }
+
+    /// Calls `f` for every live handle in `class`.
+    pub fn for_each_in_class(&self, class: u8, mut f: impl FnMut(Handle, Location)) {
+        let next = self.free.lock().expect("handle table lock").next as usize;
+        for (c, chunk) in self.chunks.iter().enumerate().take(next.div_ceil(CHUNK)) {
+            let Some(words) = chunk.get() else { continue };
+            for (i, w) in words.iter().enumerate() {
+                let word = w.load(Ordering::Acquire);
+                if word != FREE && c * CHUNK + i < next {
+                    let loc = Location::unpack(word);
+                    if loc.class == class {
+                        f(Handle((c * CHUNK + i) as u32), loc);
+                    }
+                }
+            }
+        }
     }
 
     pub fn get(&self, h: Handle) -> Location {
@@ -111,10 +133,5 @@ impl HandleTable {
     pub fn metadata_bytes(&self) -> usize {
         self.chunks.iter().filter(|c| c.get().is_some()).count() * CHUNK * 8
             + self.free.lock().expect("handle table lock").ids.capacity() * 4
-    }
-
-    /// Whether `h` was ever handed out (for checking callers' handles).
-    pub fn is_known(&self, h: Handle) -> bool {
-        h.0 < self.free.lock().expect("handle table lock").next
     }
 }

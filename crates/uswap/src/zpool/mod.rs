@@ -7,10 +7,11 @@
 //! ones ([`handle`]). Pages come from large mappings of our own, and an
 //! empty zspage's pages go back to the OS at once ([`pages`]).
 //!
-//! Per-object metadata, outside the pages: the handle's 8-byte location
-//! word, a 4-byte back pointer from the slot to its handle (what compaction
-//! needs to fix the handle up), and a 2-byte entry in the zspage's free-slot
-//! stack.
+//! Per-object metadata, outside the pages, is the handle's 8-byte location
+//! word; each zspage adds a 16-byte record. As in zsmalloc, the free slots
+//! of a zspage are chained through the free slots themselves, and
+//! compaction finds a zspage's objects through the handle table rather than
+//! through a back pointer per object.
 
 pub mod class;
 mod handle;
@@ -21,6 +22,7 @@ pub use handle::Handle;
 
 use handle::{HandleTable, Location};
 use pages::PageSource;
+use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -32,7 +34,8 @@ pub const MAX_PAGES_PER_ZSPAGE: usize = 8;
 /// The largest object.
 pub const MAX_OBJECT: usize = class::MAX_SIZE;
 
-const NO_OWNER: u32 = u32::MAX;
+/// End of a zspage's free-slot chain.
+const NO_SLOT: u16 = u16::MAX;
 
 /// Why an allocation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,15 +46,17 @@ pub enum AllocError {
     NoMemory,
 }
 
-/// One zspage: a run of pages cut into equal slots.
+/// One zspage: a run of pages cut into equal slots. Each free slot's first
+/// two bytes hold the next free slot.
 struct ZsPage {
     base: NonNull<u8>,
     used: u16,
-    free_slots: Vec<u16>,
-    owners: Vec<u32>,
-    /// Position in the class's `partial` list, if listed there.
-    partial_at: Option<u32>,
+    free_head: u16,
+    /// Position in the class's `partial` list, or `u32::MAX`.
+    partial_at: u32,
 }
+
+const UNLISTED: u32 = u32::MAX;
 
 /// One size class and its zspages.
 struct Class {
@@ -71,37 +76,61 @@ impl Class {
     fn list_partial(&mut self, id: u32) {
         let at = self.partial.len() as u32;
         let zs = self.zspage(id);
-        if zs.partial_at.is_none() {
-            zs.partial_at = Some(at);
+        if zs.partial_at == UNLISTED {
+            zs.partial_at = at;
             self.partial.push(id);
         }
     }
 
     fn unlist_partial(&mut self, id: u32) {
-        let Some(at) = self.zspage(id).partial_at.take() else { return };
+        let at = std::mem::replace(&mut self.zspage(id).partial_at, UNLISTED);
+        if at == UNLISTED {
+            return;
+        }
         self.partial.swap_remove(at as usize);
         if let Some(&moved) = self.partial.get(at as usize) {
-            self.zspage(moved).partial_at = Some(at);
+            self.zspage(moved).partial_at = at;
         }
     }
 
-    fn slot_ptr(&self, loc: Location) -> *mut u8 {
-        let zs = self.zspages[loc.zspage as usize].as_ref().expect("a live zspage id");
+    fn slot_ptr(&self, zspage: u32, slot: u16) -> *mut u8 {
+        let zs = self.zspages[zspage as usize].as_ref().expect("a live zspage id");
         // SAFETY: slot < objs_per_zspage, so the offset stays inside the
         // zspage's pages.
-        unsafe { zs.base.as_ptr().add(loc.slot as usize * self.shape.size) }
+        unsafe { zs.base.as_ptr().add(slot as usize * self.shape.size) }
+    }
+
+    /// Takes a free slot of a zspage off its chain.
+    fn pop_free(&mut self, id: u32) -> u16 {
+        let slot = self.zspage(id).free_head;
+        assert_ne!(slot, NO_SLOT, "a listed zspage has a free slot");
+        let ptr = self.slot_ptr(id, slot);
+        // SAFETY: a free slot is at least 32 bytes inside a live zspage of
+        // this (locked) class; its first two bytes are the chain link.
+        let next = unsafe { ptr.cast::<u16>().read_unaligned() };
+        let zs = self.zspage(id);
+        zs.free_head = next;
+        zs.used += 1;
+        slot
+    }
+
+    /// Puts a slot back on its zspage's chain.
+    fn push_free(&mut self, id: u32, slot: u16) {
+        let head = self.zspage(id).free_head;
+        let ptr = self.slot_ptr(id, slot);
+        // SAFETY: as in `pop_free`; the slot no longer holds an object.
+        unsafe { ptr.cast::<u16>().write_unaligned(head) };
+        let zs = self.zspage(id);
+        zs.free_head = slot;
+        zs.used -= 1;
+    }
+
+    fn is_full(&self, id: u32) -> bool {
+        self.zspages[id as usize].as_ref().expect("a live zspage id").used as usize == self.shape.objs_per_zspage
     }
 
     fn metadata_bytes(&self) -> usize {
-        let per_zspage: usize = self
-            .zspages
-            .iter()
-            .flatten()
-            .map(|z| std::mem::size_of::<ZsPage>() + z.free_slots.capacity() * 2 + z.owners.capacity() * 4)
-            .sum();
-        per_zspage
-            + self.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>()
-            + (self.free_ids.capacity() + self.partial.capacity()) * 4
+        self.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>() + (self.free_ids.capacity() + self.partial.capacity()) * 4
     }
 }
 
@@ -188,24 +217,17 @@ impl Pool {
             Some(&id) => id,
             None => self.new_zspage(&mut class)?,
         };
-        let objs = class.shape.objs_per_zspage;
-        let zs = class.zspage(id);
-        let slot = zs.free_slots.pop().expect("a listed zspage has a free slot");
-        zs.used += 1;
-        let full = zs.used as usize == objs;
+        let slot = class.pop_free(id);
         let loc = Location {
             class: class_index as u8,
             zspage: id,
             slot,
         };
         let Some(handle) = self.handles.alloc(loc) else {
-            let zs = class.zspage(id);
-            zs.free_slots.push(slot);
-            zs.used -= 1;
+            class.push_free(id, slot);
             return Err(AllocError::NoMemory);
         };
-        class.zspage(id).owners[slot as usize] = handle.0;
-        if full {
+        if class.is_full(id) {
             class.unlist_partial(id);
         }
         class.objects += 1;
@@ -216,12 +238,18 @@ impl Pool {
         let shape = class.shape;
         let base = self.pages.alloc(shape.pages_per_zspage).ok_or(AllocError::NoMemory)?;
         self.pages_used.fetch_add(shape.pages_per_zspage, Ordering::Relaxed);
+        // Chain every slot onto the free list: slot i points at slot i + 1.
+        let objs = shape.objs_per_zspage;
+        for slot in 0..objs {
+            let next = if slot + 1 < objs { (slot + 1) as u16 } else { NO_SLOT };
+            // SAFETY: the slot lies inside the fresh run of pages.
+            unsafe { base.as_ptr().add(slot * shape.size).cast::<u16>().write_unaligned(next) };
+        }
         let zs = ZsPage {
             base,
             used: 0,
-            free_slots: (0..shape.objs_per_zspage as u16).rev().collect(),
-            owners: vec![NO_OWNER; shape.objs_per_zspage],
-            partial_at: None,
+            free_head: 0,
+            partial_at: UNLISTED,
         };
         let id = match class.free_ids.pop() {
             Some(id) => {
@@ -245,7 +273,7 @@ impl Pool {
         // Re-read under the lock: compaction may have moved the object (but
         // never to another class).
         let loc = self.handles.get(h);
-        let ptr = class.slot_ptr(loc);
+        let ptr = class.slot_ptr(loc.zspage, loc.slot);
         // SAFETY: the slot is `size` bytes inside a live zspage, owned by
         // this handle; the class lock keeps it from moving or being freed.
         let slot = unsafe { std::slice::from_raw_parts_mut(ptr, class.shape.size) };
@@ -269,26 +297,20 @@ impl Pool {
 
     /// Frees an object. Its handle must not be used again.
     pub fn free(&self, h: Handle) {
-        debug_assert!(self.handles.is_known(h));
+        let class_index = self.handles.get(h).class;
+        let mut class = self.classes[class_index as usize].lock().expect("class lock");
         let loc = self.handles.get(h);
-        let mut class = self.classes[loc.class as usize].lock().expect("class lock");
-        let loc = self.handles.get(h);
-        let objs = class.shape.objs_per_zspage;
-        let zs = class.zspage(loc.zspage);
-        debug_assert_eq!(zs.owners[loc.slot as usize], h.0, "freeing a slot that is not this handle's");
-        zs.owners[loc.slot as usize] = NO_OWNER;
-        zs.free_slots.push(loc.slot);
-        let was_full = zs.used as usize == objs;
-        zs.used -= 1;
-        let empty = zs.used == 0;
+        let was_full = class.is_full(loc.zspage);
+        class.push_free(loc.zspage, loc.slot);
         class.objects -= 1;
-        if empty {
+        // Under the class lock, so that compaction never sees a handle that
+        // names a slot already on the free chain.
+        self.handles.free(h);
+        if class.zspage(loc.zspage).used == 0 {
             self.release_zspage(&mut class, loc.zspage);
         } else if was_full {
             class.list_partial(loc.zspage);
         }
-        drop(class);
-        self.handles.free(h);
     }
 
     fn release_zspage(&self, class: &mut Class, id: u32) {
@@ -313,15 +335,23 @@ impl Pool {
     }
 
     fn compact_class(&self, class: &mut Class, class_index: u8) -> usize {
+        if class.partial.len() < 2 {
+            return 0;
+        }
         let objs = class.shape.objs_per_zspage;
         let size = class.shape.size;
+        // The objects of every partly filled zspage, found in one scan.
+        let mut live: HashMap<u32, Vec<(u16, Handle)>> = HashMap::new();
+        self.handles.for_each_in_class(class_index, |h, loc| {
+            if class.zspages[loc.zspage as usize].as_ref().is_some_and(|z| z.partial_at != UNLISTED) {
+                live.entry(loc.zspage).or_default().push((loc.slot, h));
+            }
+        });
         let mut freed = 0;
         loop {
             if class.partial.len() < 2 {
                 return freed;
             }
-            let free_slots: usize = class.partial.iter().map(|&id| objs - class.zspages[id as usize].as_ref().map_or(0, |z| z.used as usize)).sum();
-            // Worth it only if some zspage can be emptied entirely.
             let mut by_use: Vec<(u16, u32)> = class
                 .partial
                 .iter()
@@ -329,40 +359,30 @@ impl Pool {
                 .collect();
             by_use.sort_unstable();
             let (src_used, src) = by_use[0];
-            if free_slots - (objs - src_used as usize) < src_used as usize {
+            let room: usize = by_use[1..].iter().map(|&(used, _)| objs - used as usize).sum();
+            if room < src_used as usize {
                 return freed;
             }
-            // Fill the fullest partial zspages from the sparsest one.
-            for &(_, dst) in by_use[1..].iter().rev() {
-                while class.zspage(src).used > 0 && !class.zspage(dst).free_slots.is_empty() {
-                    let from_slot = {
-                        let zs = class.zspage(src);
-                        (0..objs as u16).find(|&s| zs.owners[s as usize] != NO_OWNER).expect("a used slot")
-                    };
-                    let to_slot = class.zspage(dst).free_slots.pop().expect("checked");
-                    let from = class.slot_ptr(Location { class: class_index, zspage: src, slot: from_slot });
-                    let to = class.slot_ptr(Location { class: class_index, zspage: dst, slot: to_slot });
-                    // SAFETY: two distinct slots of `size` bytes in live
-                    // zspages of this locked class.
-                    unsafe { std::ptr::copy_nonoverlapping(from, to, size) };
-                    let owner = std::mem::replace(&mut class.zspage(src).owners[from_slot as usize], NO_OWNER);
-                    class.zspage(src).free_slots.push(from_slot);
-                    class.zspage(src).used -= 1;
-                    let d = class.zspage(dst);
-                    d.owners[to_slot as usize] = owner;
-                    d.used += 1;
-                    let dst_full = d.used as usize == objs;
-                    self.handles.set(Handle(owner), Location { class: class_index, zspage: dst, slot: to_slot });
-                    if dst_full {
-                        class.unlist_partial(dst);
-                    }
+            // Empty the sparsest zspage into the fullest ones.
+            let objects = live.remove(&src).unwrap_or_default();
+            debug_assert_eq!(objects.len(), src_used as usize);
+            let mut targets = by_use[1..].iter().rev().map(|&(_, id)| id);
+            let mut dst = targets.next().expect("at least two partial zspages");
+            for (from_slot, handle) in objects {
+                while class.is_full(dst) {
+                    dst = targets.next().expect("room was counted");
                 }
-                if class.zspage(src).used == 0 {
-                    break;
+                let to_slot = class.pop_free(dst);
+                let from = class.slot_ptr(src, from_slot);
+                let to = class.slot_ptr(dst, to_slot);
+                // SAFETY: two distinct slots of `size` bytes in live
+                // zspages of this locked class.
+                unsafe { std::ptr::copy_nonoverlapping(from, to, size) };
+                self.handles.set(handle, Location { class: class_index, zspage: dst, slot: to_slot });
+                live.entry(dst).or_default().push((to_slot, handle));
+                if class.is_full(dst) {
+                    class.unlist_partial(dst);
                 }
-            }
-            if class.zspage(src).used != 0 {
-                return freed;
             }
             self.release_zspage(class, src);
             freed += class.shape.pages_per_zspage;

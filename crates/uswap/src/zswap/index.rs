@@ -7,10 +7,11 @@
 //! Entry word layout:
 //!
 //! ```text
-//! bits 63..60  kind: EMPTY, SAME, POOL, FILE, BUSY
+//! bits 63..60  kind: EMPTY, SAME, POOL, FILE, BUSY, STALE
 //! SAME:  bits 7..0 the fill byte
 //! POOL:  bits 31..0 pool handle, bits 44..32 stored length, bit 45 raw
 //! BUSY:  a load, invalidate or writeback owns the slot for a moment
+//! STALE: bits 31..0 the pool handle of a loaded page, freed with the slot
 //! ```
 
 use crate::zpool::Handle;
@@ -22,6 +23,7 @@ const SAME: u64 = 1;
 const POOL: u64 = 2;
 const FILE: u64 = 3;
 const BUSY: u64 = 4;
+const STALE: u64 = 5;
 const RAW_BIT: u64 = 1 << 45;
 
 /// What a slot holds.
@@ -36,6 +38,9 @@ pub(crate) enum Entry {
     File,
     /// Someone is working on this slot.
     Busy,
+    /// Loaded; the pool object is freed when the slot is (off the fault
+    /// path, by the slot release mode).
+    Stale(Handle),
 }
 
 impl Entry {
@@ -48,6 +53,7 @@ impl Entry {
             }
             Entry::File => FILE << KIND_SHIFT,
             Entry::Busy => BUSY << KIND_SHIFT,
+            Entry::Stale(handle) => STALE << KIND_SHIFT | handle.to_raw() as u64,
         }
     }
 
@@ -61,6 +67,7 @@ impl Entry {
             },
             FILE => Entry::File,
             BUSY => Entry::Busy,
+            STALE => Entry::Stale(Handle::from_raw(word as u32)),
             _ => Entry::Empty,
         }
     }
@@ -101,14 +108,15 @@ impl Index {
     }
 
     /// Takes the slot for exclusive work: waits out another owner, then
-    /// swaps in BUSY and returns what was there (`Empty` leaves it alone).
+    /// swaps in BUSY and returns what was there. A slot that holds no page
+    /// (`Empty`, `Stale`) is left alone and reported as `Empty`.
     pub fn claim(&self, slot: u32) -> Entry {
         let word = &self.entries[slot as usize];
         loop {
             let cur = word.load(Ordering::Acquire);
             match Entry::decode(cur) {
                 Entry::Busy => std::thread::yield_now(),
-                Entry::Empty => return Entry::Empty,
+                Entry::Empty | Entry::Stale(_) => return Entry::Empty,
                 entry => {
                     if word
                         .compare_exchange(cur, Entry::Busy.encode(), Ordering::AcqRel, Ordering::Acquire)
@@ -131,5 +139,14 @@ impl Index {
     /// Ends a claim with `entry` (the old one restored, or the new state).
     pub fn release(&self, slot: u32, entry: Entry) {
         self.entries[slot as usize].store(entry.encode(), Ordering::Release);
+    }
+
+    /// Empties a slot that is being freed; returns the pool object it still
+    /// holds, if it was loaded.
+    pub fn take_stale(&self, slot: u32) -> Option<Handle> {
+        match Entry::decode(self.entries[slot as usize].swap(EMPTY, Ordering::AcqRel)) {
+            Entry::Stale(h) => Some(h),
+            _ => None,
+        }
     }
 }

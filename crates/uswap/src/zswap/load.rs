@@ -6,7 +6,6 @@ use super::stats::bump;
 use super::{Inner, LoadError, SlotRange, PAGE_SIZE};
 use crate::accel::Job;
 use std::cell::RefCell;
-use std::sync::atomic::Ordering;
 
 thread_local! {
     /// Stored bytes copied out of the pool for one folio.
@@ -30,17 +29,20 @@ impl Inner {
             self.unclaim(&claimed);
             return Err(e);
         }
-        let (mut pooled, mut raw, mut same, mut filed) = (0, 0, 0, 0);
+        let (mut pooled, mut same, mut filed) = (0, 0, 0);
         for &(slot, entry) in &claimed {
             match entry {
-                Entry::Pool { handle, raw: r, .. } => {
-                    self.pool.free(handle);
+                Entry::Pool { handle, len, raw } => {
+                    self.account_pool_object(len, raw, false);
                     pooled += 1;
-                    raw += r as u64;
+                    // The object goes when the slot does (see the free hook).
+                    self.index.release(slot, Entry::Stale(handle));
+                    self.releaser.release(slot);
+                    continue;
                 }
                 Entry::Same(_) => same += 1,
                 Entry::File => filed += 1,
-                Entry::Empty | Entry::Busy => unreachable!("claimed entries hold data"),
+                Entry::Empty | Entry::Busy | Entry::Stale(_) => unreachable!("claimed entries hold data"),
             }
             self.index.release(slot, Entry::Empty);
             self.releaser.release(slot);
@@ -48,8 +50,6 @@ impl Inner {
         bump(&self.counters.zswpin, pooled);
         bump(&self.counters.swpin_zero, same);
         bump(&self.counters.pswpin, filed);
-        self.stored_pages.fetch_sub(pooled, Ordering::Relaxed);
-        self.stored_raw_pages.fetch_sub(raw, Ordering::Relaxed);
         Ok(())
     }
 
@@ -97,10 +97,10 @@ impl Inner {
                             job_slots.push(slot);
                         }
                     }
-                    Entry::Empty | Entry::Busy => unreachable!("claimed entries hold data"),
+                    Entry::Empty | Entry::Busy | Entry::Stale(_) => unreachable!("claimed entries hold data"),
                 }
             }
-            if jobs.len() > 1 && self.batching && self.device.has_batching() {
+            if jobs.len() >= self.load_batch_min_pages && self.batching && self.device.has_batching() {
                 self.device.decompress_batch(self.codec.as_ref(), &mut jobs);
             } else {
                 for job in &mut jobs {
@@ -121,12 +121,11 @@ impl Inner {
         for slot in range.slots() {
             match self.index.claim(slot) {
                 Entry::Empty => continue,
-                Entry::Pool { handle, raw, .. } => {
+                Entry::Pool { handle, len, raw } => {
                     self.pool.free(handle);
-                    self.stored_pages.fetch_sub(1, Ordering::Relaxed);
-                    self.stored_raw_pages.fetch_sub(raw as u64, Ordering::Relaxed);
+                    self.account_pool_object(len, raw, false);
                 }
-                Entry::Same(_) | Entry::File | Entry::Busy => {}
+                Entry::Same(_) | Entry::File | Entry::Busy | Entry::Stale(_) => {}
             }
             self.index.release(slot, Entry::Empty);
             self.releaser.release(slot);

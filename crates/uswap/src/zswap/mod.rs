@@ -27,7 +27,7 @@ pub use stats::{size_label, ZswapStats, SIZE_ORDERS};
 
 use crate::accel::Device;
 use crate::codec::{self, Codec};
-use crate::swap::{Backing, FreeMode, SlotAllocator, SlotReleaser};
+use crate::swap::{Backing, FreeHook, FreeMode, SlotAllocator, SlotReleaser};
 use crate::zpool::Pool;
 use index::Index;
 use stats::Counters;
@@ -145,6 +145,10 @@ pub struct ZswapConfig {
     /// Run a background worker that writes cold entries back when the pool
     /// reaches its limit (needs a backing file).
     pub writeback_worker: bool,
+    /// Decompress a folio on the engines only when it has at least this many
+    /// compressed pages; below that the round trip to the engines costs more
+    /// than the parallelism saves (measured with `uswap bench store`).
+    pub load_batch_min_pages: usize,
 }
 
 /// Physical memory of this machine, in bytes.
@@ -167,6 +171,7 @@ impl Default for ZswapConfig {
             free_mode: FreeMode::Async,
             batching: true,
             writeback_worker: true,
+            load_batch_min_pages: 64,
         }
     }
 }
@@ -175,8 +180,8 @@ impl Default for ZswapConfig {
 pub(crate) struct Inner {
     codec: Arc<dyn Codec>,
     device: Arc<Device>,
-    pool: Pool,
-    index: Index,
+    pool: Arc<Pool>,
+    index: Arc<Index>,
     allocator: Arc<SlotAllocator>,
     releaser: SlotReleaser,
     backing: Option<Arc<dyn Backing>>,
@@ -184,12 +189,15 @@ pub(crate) struct Inner {
     max_pool: usize,
     accept_below: usize,
     batching: bool,
+    load_batch_min_pages: usize,
     /// Set when the pool hit its limit; cleared when it drains below the
     /// accept threshold (the kernel's `zswap_pool_reached_full`).
     pool_full: AtomicBool,
     /// Pages in the pool, and of those the ones stored raw.
     stored_pages: AtomicU64,
     stored_raw_pages: AtomicU64,
+    /// Bytes of the objects in the pool (what the pool's pages hold).
+    stored_bytes: AtomicU64,
     lru: writeback::Lru,
     worker: writeback::WorkerSignal,
 }
@@ -224,14 +232,27 @@ impl Zswap {
             return Err(ConfigError("the swap space has no slots".into()));
         }
         let allocator = Arc::new(SlotAllocator::new(slots));
-        let releaser = SlotReleaser::new(config.free_mode, allocator.clone())
+        let pool = Arc::new(Pool::new());
+        let index = Arc::new(Index::new(slots));
+        // A loaded page's pool object lives until its slot is freed, which
+        // the release mode may do later and elsewhere (the kernel frees a
+        // zswap entry when its swap slot is freed).
+        let hook: FreeHook = {
+            let (pool, index) = (pool.clone(), index.clone());
+            Arc::new(move |slot| {
+                if let Some(handle) = index.take_stale(slot) {
+                    pool.free(handle);
+                }
+            })
+        };
+        let releaser = SlotReleaser::new(config.free_mode, allocator.clone(), Some(hook))
             .map_err(|e| ConfigError(format!("starting the slot free worker: {e}")))?;
         let max_pool = config.max_pool.bytes();
         let inner = Arc::new(Inner {
             codec,
             device,
-            pool: Pool::new(),
-            index: Index::new(slots),
+            pool,
+            index,
             allocator,
             releaser,
             backing,
@@ -239,9 +260,11 @@ impl Zswap {
             max_pool,
             accept_below: max_pool / 100 * config.accept_threshold_percent as usize,
             batching: config.batching,
+            load_batch_min_pages: config.load_batch_min_pages.max(2),
             pool_full: AtomicBool::new(false),
             stored_pages: AtomicU64::new(0),
             stored_raw_pages: AtomicU64::new(0),
+            stored_bytes: AtomicU64::new(0),
             lru: writeback::Lru::new(),
             worker: writeback::WorkerSignal::new(),
         });
@@ -333,9 +356,10 @@ impl Zswap {
         }
     }
 
-    /// Whether `slot` holds an entry in the pool, written back, or same-filled.
+    /// Whether `slot` holds a page (in the pool, written back, or
+    /// same-filled).
     pub fn is_stored(&self, slot: u32) -> bool {
-        !matches!(self.inner.index.get(slot), index::Entry::Empty)
+        !matches!(self.inner.index.get(slot), index::Entry::Empty | index::Entry::Stale(_))
     }
 }
 
@@ -345,7 +369,22 @@ impl Inner {
         s.pool_total_size = self.pool.total_size() as u64;
         s.stored_pages = self.stored_pages.load(Ordering::Relaxed);
         s.stored_incompressible_pages = self.stored_raw_pages.load(Ordering::Relaxed);
+        s.stored_bytes = self.stored_bytes.load(Ordering::Relaxed);
         s
+    }
+
+    /// Accounts an object entering (`added`) or leaving the pool.
+    fn account_pool_object(&self, len: usize, raw: bool, added: bool) {
+        let (pages, raws, bytes) = (&self.stored_pages, &self.stored_raw_pages, &self.stored_bytes);
+        if added {
+            pages.fetch_add(1, Ordering::Relaxed);
+            raws.fetch_add(raw as u64, Ordering::Relaxed);
+            bytes.fetch_add(len as u64, Ordering::Relaxed);
+        } else {
+            pages.fetch_sub(1, Ordering::Relaxed);
+            raws.fetch_sub(raw as u64, Ordering::Relaxed);
+            bytes.fetch_sub(len as u64, Ordering::Relaxed);
+        }
     }
 }
 

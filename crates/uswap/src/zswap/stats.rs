@@ -36,6 +36,8 @@ macro_rules! counters {
             pub stored_pages: u64,
             /// Pages currently stored raw in the pool because they did not shrink.
             pub stored_incompressible_pages: u64,
+            /// Bytes of the objects currently in the pool.
+            pub stored_bytes: u64,
         }
 
         impl Counters {
@@ -47,6 +49,7 @@ macro_rules! counters {
                     pool_total_size: 0,
                     stored_pages: 0,
                     stored_incompressible_pages: 0,
+                    stored_bytes: 0,
                 }
             }
         }
@@ -58,6 +61,7 @@ macro_rules! counters {
                 v.push(("pool_total_size".into(), self.pool_total_size));
                 v.push(("stored_pages".into(), self.stored_pages));
                 v.push(("stored_incompressible_pages".into(), self.stored_incompressible_pages));
+                v.push(("stored_bytes".into(), self.stored_bytes));
                 for order in 0..SIZE_ORDERS {
                     v.push((format!("zswpout_{}", size_label(order)), self.zswpout_by_order[order]));
                 }

@@ -4,9 +4,10 @@
 use super::index::Entry;
 use super::stats::bump;
 use super::{Inner, SlotRange, StoreError, MAX_FOLIO_PAGES, PAGE_SIZE};
-use crate::accel::{Job, JobError};
+use crate::accel::{JobError, Op};
 use crate::codec::{same_filled, CodecError};
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 /// One folio on its way into the store.
@@ -26,7 +27,7 @@ impl FolioPlan {
 }
 
 thread_local! {
-    /// Compressed output of one batch.
+    /// Compressed output of the pages of one call.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -46,40 +47,48 @@ impl Inner {
             }
         }
 
-        let batch = if self.batching && self.device.has_batching() {
-            self.device.batch_size()
-        } else {
-            1
-        };
+        let page = |(fi, pi): (usize, usize)| &folios[fi][pi * PAGE_SIZE..(pi + 1) * PAGE_SIZE];
+        let live = |plans: &[Result<FolioPlan, StoreError>], fi: usize| plans[fi].as_ref().is_ok_and(|p| p.failed.is_none());
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            if scratch.len() < batch * PAGE_SIZE {
-                scratch.resize(batch * PAGE_SIZE, 0);
+            let need = pending.len() * PAGE_SIZE;
+            if scratch.len() < need {
+                scratch.resize(need, 0);
             }
-            for chunk in pending.chunks(batch) {
-                let live: Vec<(usize, usize)> = chunk
-                    .iter()
-                    .copied()
-                    .filter(|&(fi, _)| plans[fi].as_ref().is_ok_and(|p| p.failed.is_none()))
-                    .collect();
-                let page = |(fi, pi): (usize, usize)| &folios[fi][pi * PAGE_SIZE..(pi + 1) * PAGE_SIZE];
-                let mut jobs: Vec<Job<'_>> = live
-                    .iter()
-                    .zip(scratch.chunks_mut(PAGE_SIZE))
-                    .map(|(&at, out)| Job::new(page(at), out))
-                    .collect();
-                if jobs.len() == 1 {
-                    let job = &mut jobs[0];
-                    job.result = Some(self.codec.compress(job.src, job.dst).map_err(JobError::from));
-                } else {
-                    self.device.compress_batch(self.codec.as_ref(), &mut jobs);
+            let mut outs = scratch[..need].chunks_mut(PAGE_SIZE);
+            if !(self.batching && self.device.has_batching()) {
+                // Page by page on this thread, as zswap stored before batching.
+                for (&at, out) in pending.iter().zip(outs) {
+                    if live(&plans, at.0) {
+                        let result = self.codec.compress(page(at), out).map_err(JobError::from);
+                        self.place(&mut plans, at, page(at), result, out);
+                    }
                 }
-                for (&(fi, pi), job) in live.iter().zip(&jobs) {
-                    let Ok(plan) = &mut plans[fi] else { unreachable!("live pages belong to planned folios") };
-                    let result = job.result.expect("a finished batch has every result");
-                    self.place_page(plan, pi, page((fi, pi)), result, job.dst);
-                }
+                return;
             }
+            // Keep two batches in flight on the engines and place each result
+            // in the pool as soon as it is done, while later pages are still
+            // being compressed (submit, then poll in order).
+            let window = 2 * self.device.batch_size();
+            self.device.scope(|s| {
+                let mut in_flight = VecDeque::with_capacity(window);
+                let mut next = 0;
+                loop {
+                    while in_flight.len() < window && next < pending.len() {
+                        let at = pending[next];
+                        let out = outs.next().expect("one output per pending page");
+                        next += 1;
+                        if live(&plans, at.0) {
+                            in_flight.push_back((at, s.submit(self.codec.as_ref(), Op::Compress, page(at), out)));
+                        }
+                    }
+                    let Some((at, ticket)) = in_flight.pop_front() else { break };
+                    let (result, out) = s.wait(ticket);
+                    if live(&plans, at.0) {
+                        self.place(&mut plans, at, page(at), result, out);
+                    }
+                }
+            });
         });
 
         plans.into_iter().map(|p| p.and_then(|plan| self.finish(plan))).collect()
@@ -110,7 +119,15 @@ impl Inner {
         })
     }
 
-    fn place_page(&self, plan: &mut FolioPlan, pi: usize, page: &[u8], result: Result<usize, JobError>, out: &[u8]) {
+    fn place(
+        &self,
+        plans: &mut [Result<FolioPlan, StoreError>],
+        (fi, pi): (usize, usize),
+        page: &[u8],
+        result: Result<usize, JobError>,
+        out: &[u8],
+    ) {
+        let Ok(plan) = &mut plans[fi] else { unreachable!("pending pages belong to planned folios") };
         let slot = plan.range.first + pi as u32;
         match result {
             Ok(n) => self.put(plan, slot, &out[..n], false, page),
@@ -193,26 +210,24 @@ impl Inner {
             self.allocator.free_run(plan.range.first, plan.range.pages as usize);
             return Err(e);
         }
-        let (mut pooled, mut raw, mut same, mut filed) = (0, 0, 0, 0);
+        let (mut pooled, mut same, mut filed) = (0, 0, 0);
         for &(slot, entry, crc) in &plan.staged {
             self.index.publish(slot, entry, crc);
             match entry {
-                Entry::Pool { raw: r, .. } => {
+                Entry::Pool { len, raw, .. } => {
                     pooled += 1;
-                    raw += r as u64;
+                    self.account_pool_object(len, raw, true);
                     self.lru.add(&self.index, slot);
                 }
                 Entry::Same(_) => same += 1,
                 Entry::File => filed += 1,
-                Entry::Empty | Entry::Busy => unreachable!("only stored states are staged"),
+                Entry::Empty | Entry::Busy | Entry::Stale(_) => unreachable!("only stored states are staged"),
             }
         }
         bump(&self.counters.zswpout, pooled);
         bump(&self.counters.swpout_zero, same);
         bump(&self.counters.pswpout, filed);
         bump(&self.counters.zswpout_by_order[plan.order], 1);
-        self.stored_pages.fetch_add(pooled, Ordering::Relaxed);
-        self.stored_raw_pages.fetch_add(raw, Ordering::Relaxed);
         Ok(plan.range)
     }
 }

@@ -126,8 +126,7 @@ impl Inner {
             }
             self.index.publish(slot, Entry::File, crc32c::crc32c(&page));
             self.pool.free(handle);
-            self.stored_pages.fetch_sub(1, Ordering::Relaxed);
-            self.stored_raw_pages.fetch_sub(raw as u64, Ordering::Relaxed);
+            self.account_pool_object(len, raw, false);
             bump(&self.counters.zswpwb, 1);
             bump(&self.counters.written_back_pages, 1);
             bump(&self.counters.pswpout, 1);
