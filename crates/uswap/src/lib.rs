@@ -9,11 +9,17 @@
 //! - [`accel`]: the software model of a multi-engine compression device: many
 //!   buffers at once on K engines, submit then poll, bounded queues, software
 //!   fallback, verification.
+//! - [`zpool`]: compressed objects packed into pages (zsmalloc's design).
+//! - [`swap`]: swap slots (cluster allocator, free modes) and the swap file.
+//! - [`zswap`]: the store: slot -> entry, batched folio stores, exclusive
+//!   loads, limits, writeback.
+//! - [`mm`]: the runtime: userfaultfd regions, faults, reclaim.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod accel;
 pub mod codec;
 pub mod corpus;
+pub mod mm;
 pub mod size;
 pub mod swap;
 pub mod zpool;
