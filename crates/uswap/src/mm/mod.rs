@@ -573,11 +573,17 @@ impl Shared {
     /// unregisters it and, if ours, unmaps it.
     fn drop_region(&self, region: &Arc<RegionInner>) {
         let mut buf = vec![0u8; region.folio_size];
+        // Folios the program unmapped (or moved away) are not ours to unmap.
+        let mut ours = vec![true; region.folios.len()];
         for (i, f) in region.folios.iter().enumerate() {
             loop {
                 let w = f.load();
                 match folio::state(w) {
                     folio::EVICTING | folio::LOADING => std::thread::yield_now(),
+                    folio::GONE => {
+                        ours[i] = false;
+                        break;
+                    }
                     folio::SWAPPED => {
                         if !f.transition(w, folio::GONE) {
                             continue;
@@ -585,7 +591,7 @@ impl Shared {
                         let range = region.slots_of(w);
                         let restored = !region.owned && self.store.load(range, &mut buf).is_ok();
                         if restored {
-                            // Best effort: the caller's mapping gets its data back.
+                            // The caller's mapping gets its data back.
                             let _ = self.uffd.copy_dontwake(region.folio_addr(i), &buf);
                         } else {
                             self.store.invalidate(range);
@@ -607,11 +613,24 @@ impl Shared {
             }
         }
         self.regions.write().expect("regions lock").retain(|r| r.id != region.id);
-        let (base, len) = (region.base(), region.len);
-        let _ = self.uffd.unregister(base, len);
-        if region.owned {
-            // SAFETY: the runtime mapped this range and nobody else holds it.
-            unsafe { libc::munmap(base as *mut _, len) };
+        let fs = region.folio_size;
+        let mut i = 0;
+        while i < ours.len() {
+            if !ours[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < ours.len() && ours[i] {
+                i += 1;
+            }
+            let (base, len) = (region.folio_addr(start), (i - start) * fs);
+            let _ = self.uffd.unregister(base, len);
+            if region.owned {
+                // SAFETY: the runtime mapped this range, the program has not
+                // unmapped it, and nobody else holds it.
+                unsafe { libc::munmap(base as *mut _, len) };
+            }
         }
         let (_, cv) = &self.reclaimed;
         cv.notify_all();

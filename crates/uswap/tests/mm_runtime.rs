@@ -1,0 +1,370 @@
+//! The userfaultfd runtime: contents survive eviction and faults under
+//! concurrency for every folio size, plug size and with or without a swap
+//! file; writes racing eviction are never lost; the program's madvise,
+//! munmap and mremap are followed; the limit holds; a corrupt object is
+//! SIGBUS, not data.
+
+use rand::{Rng, SeedableRng};
+use std::os::unix::process::ExitStatusExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use uswap::mm::{Region, Runtime, RuntimeConfig};
+
+const MIB: usize = 1 << 20;
+
+fn runtime(high: usize, folio: usize, batch: usize, swap_file: bool) -> Runtime {
+    Runtime::new(RuntimeConfig {
+        memory_high: high,
+        folio_size: folio,
+        compress_batchsize: batch,
+        swap_file: swap_file.then(|| (std::env::temp_dir(), 256 << 20)),
+        max_pool_bytes: Some(64 << 20),
+        ..RuntimeConfig::default()
+    })
+    .expect("userfaultfd runtime")
+}
+
+/// A word of the region, read and written through a raw pointer shared by
+/// threads.
+#[derive(Clone, Copy)]
+struct Words {
+    base: usize,
+    count: usize,
+}
+
+impl Words {
+    fn of(region: &Region) -> Words {
+        Words {
+            base: region.as_ptr() as usize,
+            count: region.len() / 8,
+        }
+    }
+
+    fn read(self, i: usize) -> u64 {
+        assert!(i < self.count);
+        // SAFETY: `i` is inside the region, which outlives every user of
+        // this view; word accesses are aligned.
+        unsafe { std::ptr::read_volatile((self.base as *const u64).add(i)) }
+    }
+
+    fn write(self, i: usize, v: u64) {
+        assert!(i < self.count);
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::write_volatile((self.base as *mut u64).add(i), v) }
+    }
+}
+
+/// Threads own interleaved words (word i belongs to thread i % threads), so
+/// they share every folio; each keeps a model of its words.
+fn hammer(rt: &Runtime, words: Words, threads: usize, ops: usize, seed: u64) {
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed + t as u64);
+                let mine = (words.count - t).div_ceil(threads);
+                let mut model = vec![0u64; mine];
+                for _ in 0..ops {
+                    let k = rng.gen_range(0..mine);
+                    let i = k * threads + t;
+                    if rng.gen_bool(0.5) {
+                        let v = rng.gen::<u64>() | 1;
+                        words.write(i, v);
+                        model[k] = v;
+                    } else {
+                        assert_eq!(words.read(i), model[k], "thread {t}: word {i} changed");
+                    }
+                }
+                for (k, &v) in model.iter().enumerate() {
+                    assert_eq!(words.read(k * threads + t), v, "thread {t}: word {} at the end", k * threads + t);
+                }
+            });
+        }
+    });
+    let stats = rt.stats();
+    assert_eq!(stats.store.decompress_fail, 0);
+    assert_eq!(stats.sigbus, 0);
+}
+
+fn random_access_case(folio: usize, batch: usize, swap_file: bool) {
+    let high = 4 * MIB;
+    let rt = runtime(high, folio, batch, swap_file);
+    let region = rt.map(6 * high).unwrap();
+    let ops = if folio >= 2 * MIB { 3_000 } else { 30_000 };
+    hammer(&rt, Words::of(&region), 3, ops, folio as u64 + batch as u64);
+    let stats = rt.stats();
+    assert!(stats.evicted_folios > 0, "nothing was evicted: {stats:?}");
+    assert!(stats.pgmajfault > 0, "nothing came back from the store");
+    drop(region);
+    rt.store().drain_slot_caches();
+    assert_eq!(rt.store().slots_in_use(), 0, "the dropped region's slots came back");
+}
+
+#[test]
+fn random_access_4k_folios() {
+    for (batch, file) in [(1, false), (8, true)] {
+        random_access_case(4096, batch, file);
+    }
+}
+
+#[test]
+fn random_access_16k_folios() {
+    for (batch, file) in [(8, false), (1, true)] {
+        random_access_case(16 << 10, batch, file);
+    }
+}
+
+#[test]
+fn random_access_64k_folios() {
+    for (batch, file) in [(1, false), (8, false), (1, true), (8, true)] {
+        random_access_case(64 << 10, batch, file);
+    }
+}
+
+#[test]
+fn random_access_2m_folios() {
+    for (batch, file) in [(1, true), (8, false)] {
+        random_access_case(2 * MIB, batch, file);
+    }
+}
+
+#[test]
+fn writes_racing_eviction_are_never_lost() {
+    let high = 2 * MIB;
+    let rt = runtime(high, 64 << 10, 8, false);
+    let region = rt.map(4 * high).unwrap();
+    let words = Words::of(&region);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Writers bump counters in every folio, over and over; each word has
+        // a single writer, which checks it reads back what it wrote last.
+        let writers: Vec<_> = (0..2)
+            .map(|t| {
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut rounds = 0u64;
+                    while !stop.load(Ordering::Relaxed) || rounds < 20 {
+                        rounds += 1;
+                        let mut i = t;
+                        while i < words.count {
+                            let before = words.read(i);
+                            assert_eq!(before, rounds - 1, "word {i} lost a write");
+                            words.write(i, rounds);
+                            i += 8192 / 8 * 2;
+                        }
+                    }
+                    rounds
+                })
+            })
+            .collect();
+        // Meanwhile, stream through other memory to keep the reclaimer busy.
+        let mut j = 1usize;
+        for _ in 0..40 {
+            while j < words.count {
+                words.write(j + 2 - 1, 7);
+                j += 4096 / 8;
+            }
+            j = 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            assert!(w.join().unwrap() >= 20);
+        }
+    });
+    let stats = rt.stats();
+    assert!(stats.evicted_folios > 0);
+    assert!(stats.wp_faults > 0 || stats.pgmajfault > 0, "no write ever met eviction: {stats:?}");
+}
+
+/// Fills the region with a pattern and pushes most of it out.
+fn fill_and_evict(rt: &Runtime, region: &Region) {
+    let w = Words::of(region);
+    for i in 0..w.count {
+        w.write(i, i as u64 ^ 0x5555);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rt.stats().resident_bytes as usize > rt.config().memory_high && std::time::Instant::now() < deadline {
+        rt.reclaim_now();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn madvise_dontneed_drops_and_keeps_the_right_bytes() {
+    let fs = 64 << 10;
+    let rt = runtime(MIB, fs, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let w = Words::of(&region);
+    let base = region.as_ptr() as usize;
+    // Drop 10 whole folios plus half of the next, starting in swapped memory.
+    let (start, len) = (base + 2 * fs, 10 * fs + fs / 2);
+    let stored_before = rt.stats().store.stored_pages;
+    // SAFETY: a range inside our own region.
+    assert_eq!(unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) }, 0);
+    for i in 0..w.count {
+        let addr = base + i * 8;
+        let expect = if addr >= start && addr < start + len { 0 } else { i as u64 ^ 0x5555 };
+        assert_eq!(w.read(i), expect, "word {i}");
+    }
+    assert!(rt.stats().store.stored_pages < stored_before, "dropped folios left the store");
+}
+
+#[test]
+fn munmap_of_part_of_a_region_releases_its_slots() {
+    let fs = 64 << 10;
+    let rt = runtime(MIB, fs, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let slots_before = rt.store().slots_in_use();
+    // SAFETY: unmapping whole folios of our own region that nothing uses.
+    assert_eq!(unsafe { libc::munmap((base + 16 * fs) as *mut _, 32 * fs) }, 0);
+    rt.store().drain_slot_caches();
+    assert!(rt.store().slots_in_use() < slots_before);
+    let w = Words::of(&region);
+    for i in 0..w.count {
+        let addr = base + i * 8;
+        if addr < base + 16 * fs || addr >= base + 48 * fs {
+            assert_eq!(w.read(i), i as u64 ^ 0x5555, "word {i}");
+        }
+    }
+    drop(region);
+    rt.store().drain_slot_caches();
+    assert_eq!(rt.store().slots_in_use(), 0);
+}
+
+#[test]
+fn mremap_moves_swapped_and_resident_folios_with_the_region() {
+    let fs = 64 << 10;
+    let rt = runtime(MIB, fs, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let old = region.as_ptr() as usize;
+    assert!(rt.stats().evicted_folios > 0);
+    // SAFETY: a scratch reservation to move onto, then moving our whole
+    // region there.
+    let target = unsafe {
+        let t = libc::mmap(std::ptr::null_mut(), 8 * MIB + fs, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(t, libc::MAP_FAILED);
+        let t = (t as usize).next_multiple_of(fs);
+        let moved = libc::mremap(old as *mut _, 8 * MIB, 8 * MIB, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, t as *mut libc::c_void);
+        assert_eq!(moved as usize, t);
+        t
+    };
+    assert_eq!(region.current_base(), target, "the runtime followed the move");
+    let w = Words::of(&region);
+    for i in 0..w.count {
+        assert_eq!(w.read(i), i as u64 ^ 0x5555, "word {i} after the move");
+    }
+}
+
+#[test]
+fn a_region_dropped_while_swapped_frees_everything() {
+    let rt = runtime(MIB, 16 << 10, 8, true);
+    for _ in 0..3 {
+        let region = rt.map(6 * MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        assert!(rt.stats().store.stored_pages > 0 || rt.stats().store.pswpout > 0);
+        drop(region);
+        rt.store().drain_slot_caches();
+        assert_eq!(rt.store().slots_in_use(), 0);
+        assert_eq!(rt.stats().resident_bytes, 0);
+    }
+}
+
+#[test]
+fn resident_memory_stays_under_the_limit_plus_slack() {
+    let high = 4 * MIB;
+    let rt = runtime(high, 64 << 10, 8, false);
+    let limit = high + rt.slack();
+    let region = rt.map(8 * high).unwrap();
+    let w = Words::of(&region);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let pages = region.len() / 4096;
+            let mut vec = vec![0u8; pages];
+            let (mut samples, mut max_counted, mut max_real) = (0, 0, 0);
+            while !done.load(Ordering::Relaxed) {
+                let counted = rt.stats().resident_bytes as usize;
+                // SAFETY: mincore over our own region into a vector of one
+                // byte per page.
+                let r = unsafe { libc::mincore(region.as_ptr().cast(), region.len(), vec.as_mut_ptr()) };
+                assert_eq!(r, 0);
+                let real = vec.iter().filter(|&&b| b & 1 != 0).count() * 4096;
+                max_counted = max_counted.max(counted);
+                max_real = max_real.max(real);
+                samples += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            (samples, max_counted, max_real)
+        });
+        for round in 0..3u64 {
+            for i in (0..w.count).step_by(64) {
+                w.write(i, i as u64 + round);
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        let (samples, max_counted, max_real) = sampler.join().unwrap();
+        assert!(samples > 10);
+        assert!(max_counted <= limit, "accounted {max_counted} > {limit}");
+        assert!(max_real <= limit, "mincore saw {max_real} > {limit}");
+    });
+    assert!(rt.stats().throttled > 0 || rt.stats().evicted_folios > 0);
+}
+
+#[test]
+fn a_corrupt_stored_object_is_sigbus_for_the_faulting_thread() {
+    if std::env::var("USWAP_SIGBUS_CHILD").is_ok() {
+        sigbus_child();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new(exe)
+        .args(["--exact", "a_corrupt_stored_object_is_sigbus_for_the_faulting_thread", "--nocapture", "--test-threads=1"])
+        .env("USWAP_SIGBUS_CHILD", "1")
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "child ended with {status:?}");
+}
+
+fn sigbus_child() {
+    let fs = 64 << 10;
+    let rt = runtime(MIB, fs, 8, false);
+    let region = rt.map(4 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let victim = (0..region.len() / fs)
+        .map(|f| base + f * fs)
+        .find(|&a| {
+            rt.swapped_slot(a as *const u8)
+                .is_some_and(|s| (s..s + 16).any(|slot| rt.store().corrupt_stored_object(slot)))
+        })
+        .expect("a swapped folio with a pool object");
+    // Touching it must kill us with SIGBUS; reaching the exit is a failure.
+    let w = Words::of(&region);
+    let got = w.read((victim - base) / 8);
+    eprintln!("read {got:#x} from a corrupt folio instead of SIGBUS");
+    std::process::exit(3);
+}
+
+#[test]
+fn dropping_the_runtime_with_work_in_flight_does_not_hang() {
+    for _ in 0..3 {
+        let rt = runtime(MIB, 16 << 10, 8, true);
+        let region = rt.map(8 * MIB).unwrap();
+        let w = Words::of(&region);
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                s.spawn(move || {
+                    for i in (t..w.count).step_by(509) {
+                        w.write(i, i as u64);
+                    }
+                });
+            }
+        });
+        // Folios are swapped, the reclaimer and the writeback worker busy.
+        drop(region);
+        drop(rt);
+    }
+}
