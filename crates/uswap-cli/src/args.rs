@@ -81,3 +81,61 @@ impl DeviceArgs {
         }
     }
 }
+
+/// The runtime's knobs, named as in the kernel.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RuntimeArgs {
+    /// Resident managed memory above which folios are compressed away (for
+    /// the whole run; with --processes each process gets its share).
+    #[arg(long, default_value = "512M", value_parser = size)]
+    pub memory_high: u64,
+    /// The unit evicted, stored and brought back together.
+    #[arg(long, default_value = "64k", value_parser = folio_size)]
+    pub folio_size: usize,
+    /// Codec by kernel name (lz4, lzo, lzo-rle, zstd, deflate, canned).
+    #[arg(long, default_value = "lz4", value_parser = codec_name)]
+    pub compressor: String,
+    /// Folios per reclaim batch (1..32).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub compress_batchsize: u32,
+    /// Readahead of 2^N folios.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=9))]
+    pub page_cluster: u32,
+    /// Pool limit as a percentage of physical memory.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub max_pool_percent: u8,
+    /// Stores resume below this percentage of the pool limit.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub accept_threshold_percent: u8,
+    /// Compression engines.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub engines: u32,
+    /// Directory for a swap file (none by default).
+    #[arg(long, value_parser = existing_dir)]
+    pub swap_dir: Option<PathBuf>,
+    /// Size of the swap file.
+    #[arg(long, default_value = "4G", value_parser = size)]
+    pub swap_size: u64,
+    /// How freed swap slots are returned: immediate, batched or async.
+    #[arg(long, default_value = "async")]
+    pub slot_free: uswap::swap::FreeMode,
+}
+
+impl RuntimeArgs {
+    /// The runtime configuration, with `share` of the memory limit.
+    pub fn config(&self, share: usize) -> uswap::mm::RuntimeConfig {
+        uswap::mm::RuntimeConfig {
+            memory_high: (self.memory_high as usize / share.max(1)).max(self.folio_size),
+            folio_size: self.folio_size,
+            compressor: self.compressor.clone(),
+            compress_batchsize: self.compress_batchsize as usize,
+            page_cluster: self.page_cluster,
+            max_pool_percent: self.max_pool_percent,
+            accept_threshold_percent: self.accept_threshold_percent,
+            engines: self.engines as usize,
+            swap_file: self.swap_dir.clone().map(|d| (d, self.swap_size)),
+            slot_free: self.slot_free,
+            ..uswap::mm::RuntimeConfig::default()
+        }
+    }
+}

@@ -7,6 +7,7 @@
 mod args;
 mod bench;
 mod train_dict;
+mod usemem;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -27,6 +28,8 @@ enum Command {
     },
     /// Train a `canned` dictionary from a page dump.
     TrainDict(train_dict::Args),
+    /// vm-scalability's usemem on managed memory: write, hold, verify.
+    Usemem(usemem::Args),
 }
 
 #[derive(Subcommand)]
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
             BenchCommand::Store(args) => bench::store::run(&args),
         },
         Command::TrainDict(args) => train_dict::run(&args),
+        Command::Usemem(args) => usemem::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -61,6 +61,11 @@ pub(crate) fn event_loop(shared: &Shared) {
                         serve_reclaimer_hole(shared, fault.addr);
                         continue;
                     }
+                    // A first touch is served here when nothing has to wait:
+                    // one thread hand-off less on the most common fault.
+                    if zero_fill_inline(shared, fault) {
+                        continue;
+                    }
                     let (queue, cv) = &shared.faults;
                     queue.lock().expect("fault queue lock").push_back(fault);
                     cv.notify_one();
@@ -114,6 +119,47 @@ fn with_folio_buf<R>(size: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+/// Serves a first touch on the event thread if it needs no waiting: not
+/// throttled, and the mapping is not changing (EAGAIN would last until this
+/// very thread reads the pending event). Returns whether it was served.
+fn zero_fill_inline(shared: &Shared, fault: FaultMsg) -> bool {
+    if fault.flags & PAGEFAULT_FLAG_WP != 0 {
+        return false;
+    }
+    let Some((region, i)) = shared.lookup(fault.addr) else { return false };
+    let f = &region.folios[i];
+    let w = f.load();
+    if folio::state(w) != UNTOUCHED || must_throttle(shared, region.folio_size) || !f.transition(w, LOADING) {
+        return false;
+    }
+    let start = region.folio_addr(i);
+    let installed = with_zero_folio(region.folio_size, |zeros| shared.uffd.try_copy_dontwake(start, zeros));
+    if installed.is_err() {
+        f.set(UNTOUCHED);
+        return false;
+    }
+    make_resident(shared, &region, i);
+    bump(&shared.counters.zero_fills);
+    let _ = shared.uffd.wake(start, region.folio_size);
+    true
+}
+
+thread_local! {
+    /// A folio of zeros, the source of first-touch installs.
+    static ZERO_FOLIO: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn with_zero_folio<R>(size: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    ZERO_FOLIO.with(|z| {
+        let mut z = z.borrow_mut();
+        if z.len() < size {
+            z.resize(size, 0);
+        }
+        f(&z[..size])
+    })
+}
+
+/// Serves one page fault (on a filler thread: it may wait for reclaim).
 fn handle_fault(shared: &Shared, fault: FaultMsg) {
     let Some((region, i)) = shared.lookup(fault.addr) else {
         // Not ours (any more): let the thread retry against the kernel.
@@ -142,7 +188,11 @@ fn handle_fault(shared: &Shared, fault: FaultMsg) {
                 if !f.transition(w, LOADING) {
                     continue;
                 }
-                let _ = shared.uffd.zeropage_dontwake(start, fs);
+                // Real zeroed pages rather than the shared zero page: the
+                // program's first write to a zero-page mapping is a
+                // copy-on-write fault whose TLB flush interrupts every CPU
+                // running this process, which costs more than the copy.
+                let _ = with_zero_folio(fs, |zeros| shared.uffd.copy_dontwake(start, zeros));
                 make_resident(shared, &region, i);
                 bump(&shared.counters.zero_fills);
                 let _ = shared.uffd.wake(start, fs);
@@ -245,15 +295,19 @@ fn readahead(shared: &Shared, region: &RegionInner, i: usize) {
     }
 }
 
-/// Waits while resident memory would pass `memory_high` plus the slack,
-/// unless the reclaimer cannot free anything.
-fn throttle(shared: &Shared, incoming: usize) {
+/// Whether bringing `incoming` bytes in now would pass `memory_high` plus
+/// the slack while the reclaimer can still free memory.
+fn must_throttle(shared: &Shared, incoming: usize) -> bool {
     let limit = shared.config.memory_high + shared.config.slack();
-    let mut counted = false;
-    while shared.resident.load(Ordering::Acquire) + incoming > limit
+    shared.resident.load(Ordering::Acquire) + incoming > limit
         && !shared.shutdown.load(Ordering::Acquire)
         && !shared.reclaim_stuck.load(Ordering::Acquire)
-    {
+}
+
+/// Waits while [`must_throttle`] says so.
+fn throttle(shared: &Shared, incoming: usize) {
+    let mut counted = false;
+    while must_throttle(shared, incoming) {
         if !counted {
             bump(&shared.counters.throttled);
             counted = true;

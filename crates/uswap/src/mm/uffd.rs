@@ -218,7 +218,20 @@ impl Uffd {
     /// that already exist are skipped (EEXIST); a changing mapping (EAGAIN)
     /// is retried. Returns an error only when the range cannot be filled
     /// (gone, or the process is exiting).
+    ///
+    /// Never call it from the thread that reads the descriptor: EAGAIN
+    /// lasts until that thread reads the pending event.
     pub fn copy_dontwake(&self, dst: usize, src: &[u8]) -> io::Result<()> {
+        self.copy(dst, src, true)
+    }
+
+    /// One attempt at [`Uffd::copy_dontwake`] that gives up on EAGAIN, for
+    /// the event thread itself.
+    pub fn try_copy_dontwake(&self, dst: usize, src: &[u8]) -> io::Result<()> {
+        self.copy(dst, src, false)
+    }
+
+    fn copy(&self, dst: usize, src: &[u8], retry_eagain: bool) -> io::Result<()> {
         let page = 4096;
         let mut done = 0usize;
         while done < src.len() {
@@ -237,7 +250,7 @@ impl Uffd {
                     }
                     match e.raw_os_error() {
                         Some(libc::EEXIST) => done += page,
-                        Some(libc::EAGAIN) => std::thread::yield_now(),
+                        Some(libc::EAGAIN) if retry_eagain => std::thread::yield_now(),
                         _ => return Err(e),
                     }
                 }
