@@ -1,18 +1,22 @@
 //! The fault side: the event thread that reads the userfaultfd, and the
-//! filler threads that serve page faults.
+//! filler threads that serve the faults it cannot.
 //!
-//! The event thread never waits on anything but the descriptor: the
-//! reclaimer's own MADV_DONTNEED blocks until its REMOVE event is read. Page
-//! faults go to the fillers, which may wait (for reclaim, when memory is over
-//! its limit); REMOVE, UNMAP and REMAP events (the program called madvise,
-//! munmap or mremap on managed memory) are handled on the event thread
-//! itself, without waiting.
+//! The event thread must stay able to read the descriptor: the reclaimer's
+//! own MADV_DONTNEED blocks until its REMOVE event is read, and while any
+//! non-cooperative event is unread, UFFDIO_COPY answers EAGAIN. So the event
+//! thread serves a fault itself only when nothing has to wait for reclaim,
+//! and when an install meets EAGAIN it reads the pending events (keeping
+//! them for later) before it retries. Faults that would wait for reclaim
+//! (throttling) go to the fillers. REMOVE, UNMAP and REMAP events (the
+//! program called madvise, munmap or mremap on managed memory) are handled
+//! on the event thread, without waiting.
 
 use super::folio::{self, ACTIVE, DROPPED, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
 use super::region::RegionInner;
 use super::uffd::{RawMsg, EVENT_PAGEFAULT, EVENT_REMAP, EVENT_REMOVE, EVENT_UNMAP, PAGEFAULT_FLAG_WP};
 use super::{FaultMsg, FolioRef, Shared, PAGE_SIZE};
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,24 +32,75 @@ fn page_of(addr: usize) -> usize {
     addr & !(PAGE_SIZE - 1)
 }
 
+/// The thread serving a fault: what it may do while it does.
+trait Server {
+    /// Whether it may wait for reclaim.
+    fn may_wait(&self) -> bool;
+    /// Called when an install meets a changing mapping (EAGAIN).
+    fn on_eagain(&mut self);
+}
+
+/// A filler thread: may wait; the event thread will read what is pending.
+struct Filler;
+
+impl Server for Filler {
+    fn may_wait(&self) -> bool {
+        true
+    }
+
+    fn on_eagain(&mut self) {
+        std::thread::yield_now();
+    }
+}
+
+/// The event thread, with the messages it has read but not yet handled.
+struct EventThread<'a> {
+    shared: &'a Shared,
+    backlog: VecDeque<RawMsg>,
+    buf: Box<[RawMsg; MAX_MESSAGES]>,
+}
+
+impl EventThread<'_> {
+    /// Reads whatever is pending into the backlog; returns how many.
+    fn read_pending(&mut self) -> usize {
+        let n = self.shared.uffd.read_messages(&mut self.buf[..]).unwrap_or(0);
+        self.backlog.extend(&self.buf[..n]);
+        n
+    }
+}
+
+impl Server for EventThread<'_> {
+    fn may_wait(&self) -> bool {
+        false
+    }
+
+    fn on_eagain(&mut self) {
+        // The event that makes the mapping change may be waiting for us.
+        self.read_pending();
+        std::thread::yield_now();
+    }
+}
+
 pub(crate) fn event_loop(shared: &Shared) {
-    let mut msgs = [RawMsg::ZERO; MAX_MESSAGES];
+    let mut ev = EventThread {
+        shared,
+        backlog: VecDeque::new(),
+        buf: Box::new([RawMsg::ZERO; MAX_MESSAGES]),
+    };
     while !shared.shutdown.load(Ordering::Acquire) {
-        let mut pfd = libc::pollfd {
-            fd: shared.uffd.raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, POLL_TIMEOUT_MS) };
-        if ready <= 0 {
-            continue;
+        if ev.backlog.is_empty() {
+            let mut pfd = libc::pollfd {
+                fd: shared.uffd.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            if unsafe { libc::poll(&mut pfd, 1, POLL_TIMEOUT_MS) } <= 0 {
+                continue;
+            }
+            ev.read_pending();
         }
-        let n = match shared.uffd.read_messages(&mut msgs) {
-            Ok(n) => n,
-            Err(_) => continue,
-        };
-        for msg in &msgs[..n] {
+        while let Some(msg) = ev.backlog.pop_front() {
             let arg = msg.arg;
             match msg.event {
                 EVENT_PAGEFAULT => {
@@ -55,34 +110,19 @@ pub(crate) fn event_loop(shared: &Shared) {
                         tid: arg[2] as u32,
                     };
                     bump(&shared.counters.faults);
-                    // The reclaimer reading a hole of a folio it is evicting
-                    // must not wait for a filler (they may be waiting for it).
-                    if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) {
-                        serve_reclaimer_hole(shared, fault.addr);
-                        continue;
+                    if !handle_fault(shared, fault, &mut ev) {
+                        let (queue, cv) = &shared.faults;
+                        queue.lock().expect("fault queue lock").push_back(fault);
+                        cv.notify_one();
                     }
-                    // A first touch is served here when nothing has to wait:
-                    // one thread hand-off less on the most common fault.
-                    if zero_fill_inline(shared, fault) {
-                        continue;
-                    }
-                    let (queue, cv) = &shared.faults;
-                    queue.lock().expect("fault queue lock").push_back(fault);
-                    cv.notify_one();
                 }
-                EVENT_REMOVE => on_remove(shared, arg[0] as usize, arg[1] as usize, false),
-                EVENT_UNMAP => on_remove(shared, arg[0] as usize, arg[1] as usize, true),
-                EVENT_REMAP => on_remap(shared, arg[0] as usize, arg[1] as usize, arg[2] as usize),
+                EVENT_REMOVE => on_remove(shared, arg[0] as usize, arg[1] as usize, false, &mut ev),
+                EVENT_UNMAP => on_remove(shared, arg[0] as usize, arg[1] as usize, true, &mut ev),
+                EVENT_REMAP => on_remap(shared, arg[0] as usize, arg[1] as usize, arg[2] as usize, &mut ev),
                 _ => {}
             }
         }
     }
-}
-
-fn serve_reclaimer_hole(shared: &Shared, addr: usize) {
-    let page = page_of(addr);
-    let _ = shared.uffd.zeropage_dontwake(page, PAGE_SIZE);
-    let _ = shared.uffd.wake(page, PAGE_SIZE);
 }
 
 pub(crate) fn filler_loop(shared: &Shared) {
@@ -100,17 +140,19 @@ pub(crate) fn filler_loop(shared: &Shared) {
                 q = cv.wait_timeout(q, Duration::from_millis(100)).expect("fault queue lock").0;
             }
         };
-        handle_fault(shared, fault);
+        handle_fault(shared, fault, &mut Filler);
     }
 }
 
 thread_local! {
     /// One folio's worth of data being loaded.
     static FOLIO_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// A folio of zeros, the source of first-touch installs.
+    static ZERO_FOLIO: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-fn with_folio_buf<R>(size: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    FOLIO_BUF.with(|b| {
+fn with_buf<R>(cell: &'static std::thread::LocalKey<RefCell<Vec<u8>>>, size: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    cell.with(|b| {
         let mut b = b.borrow_mut();
         if b.len() < size {
             b.resize(size, 0);
@@ -119,52 +161,13 @@ fn with_folio_buf<R>(size: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
-/// Serves a first touch on the event thread if it needs no waiting: not
-/// throttled, and the mapping is not changing (EAGAIN would last until this
-/// very thread reads the pending event). Returns whether it was served.
-fn zero_fill_inline(shared: &Shared, fault: FaultMsg) -> bool {
-    if fault.flags & PAGEFAULT_FLAG_WP != 0 {
-        return false;
-    }
-    let Some((region, i)) = shared.lookup(fault.addr) else { return false };
-    let f = &region.folios[i];
-    let w = f.load();
-    if folio::state(w) != UNTOUCHED || must_throttle(shared, region.folio_size) || !f.transition(w, LOADING) {
-        return false;
-    }
-    let start = region.folio_addr(i);
-    let installed = with_zero_folio(region.folio_size, |zeros| shared.uffd.try_copy_dontwake(start, zeros));
-    if installed.is_err() {
-        f.set(UNTOUCHED);
-        return false;
-    }
-    make_resident(shared, &region, i);
-    bump(&shared.counters.zero_fills);
-    let _ = shared.uffd.wake(start, region.folio_size);
-    true
-}
-
-thread_local! {
-    /// A folio of zeros, the source of first-touch installs.
-    static ZERO_FOLIO: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-fn with_zero_folio<R>(size: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-    ZERO_FOLIO.with(|z| {
-        let mut z = z.borrow_mut();
-        if z.len() < size {
-            z.resize(size, 0);
-        }
-        f(&z[..size])
-    })
-}
-
-/// Serves one page fault (on a filler thread: it may wait for reclaim).
-fn handle_fault(shared: &Shared, fault: FaultMsg) {
+/// Serves one page fault. Returns false when the server may not wait and
+/// the fault must (a filler then takes it).
+fn handle_fault(shared: &Shared, fault: FaultMsg, server: &mut dyn Server) -> bool {
     let Some((region, i)) = shared.lookup(fault.addr) else {
         // Not ours (any more): let the thread retry against the kernel.
         let _ = shared.uffd.wake(page_of(fault.addr), PAGE_SIZE);
-        return;
+        return true;
     };
     let f = &region.folios[i];
     let start = region.folio_addr(i);
@@ -177,59 +180,66 @@ fn handle_fault(shared: &Shared, fault: FaultMsg) {
         if folio::state(f.load()) != EVICTING {
             let _ = shared.uffd.write_protect(page_of(fault.addr), PAGE_SIZE, false);
         }
-        return;
+        return true;
     }
 
     loop {
         let w = f.load();
         match folio::state(w) {
-            UNTOUCHED => {
-                throttle(shared, fs);
+            UNTOUCHED | SWAPPED => {
+                if must_throttle(shared, fs) {
+                    if !server.may_wait() {
+                        return false;
+                    }
+                    throttle(shared, fs);
+                }
                 if !f.transition(w, LOADING) {
                     continue;
                 }
-                // Real zeroed pages rather than the shared zero page: the
-                // program's first write to a zero-page mapping is a
-                // copy-on-write fault whose TLB flush interrupts every CPU
-                // running this process, which costs more than the copy.
-                let _ = with_zero_folio(fs, |zeros| shared.uffd.copy_dontwake(start, zeros));
-                make_resident(shared, &region, i);
-                bump(&shared.counters.zero_fills);
-                let _ = shared.uffd.wake(start, fs);
-                return;
-            }
-            RESIDENT => {
-                // A page the program dropped (MADV_DONTNEED) inside a resident
-                // folio reads as zero.
-                let page = page_of(fault.addr);
-                let _ = shared.uffd.zeropage_dontwake(page, PAGE_SIZE);
-                let _ = shared.uffd.wake(page, PAGE_SIZE);
-                return;
-            }
-            SWAPPED => {
-                throttle(shared, fs);
-                if !f.transition(w, LOADING) {
-                    continue;
-                }
-                if swap_in(shared, &region, i, w) {
+                if folio::state(w) == UNTOUCHED {
+                    // Real zeroed pages rather than the shared zero page: the
+                    // first write to a zero-page mapping is a copy-on-write
+                    // fault whose TLB flush interrupts every CPU running this
+                    // process, which costs more than the copy.
+                    let _ = with_buf(&ZERO_FOLIO, fs, |zeros| shared.uffd.copy_with(start, zeros, &mut || server.on_eagain()));
+                    make_resident(shared, &region, i);
+                    bump(&shared.counters.zero_fills);
+                } else if swap_in(shared, &region, i, w, server) {
                     shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
-                    readahead(shared, &region, i);
-                    let _ = shared.uffd.wake(start, fs);
+                    readahead(shared, &region, i, server);
                 } else {
                     // Unusable stored data: the kernel's answer is SIGBUS for
                     // the faulting thread, never wrong bytes.
                     f.set(w);
                     bump(&shared.counters.sigbus);
                     send_sigbus(fault.tid);
+                    return true;
                 }
-                return;
+                let _ = shared.uffd.wake(start, fs);
+                return true;
+            }
+            RESIDENT => {
+                // A page inside a resident folio that the program dropped
+                // (MADV_DONTNEED), or that the reclaimer reads while copying
+                // a folio out: it reads as zero.
+                let page = page_of(fault.addr);
+                let _ = shared.uffd.zeropage_with(page, PAGE_SIZE, &mut || server.on_eagain());
+                let _ = shared.uffd.wake(page, PAGE_SIZE);
+                return true;
+            }
+            EVICTING if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) => {
+                // The reclaimer copying out a folio with a hole in it.
+                let page = page_of(fault.addr);
+                let _ = shared.uffd.zeropage_with(page, PAGE_SIZE, &mut || server.on_eagain());
+                let _ = shared.uffd.wake(page, PAGE_SIZE);
+                return true;
             }
             // Busy folios: their owner wakes the range when done, and this
             // thread's fault is retried then.
-            EVICTING | LOADING => return,
+            EVICTING | LOADING => return true,
             _ => {
                 let _ = shared.uffd.wake(page_of(fault.addr), PAGE_SIZE);
-                return;
+                return true;
             }
         }
     }
@@ -237,14 +247,14 @@ fn handle_fault(shared: &Shared, fault: FaultMsg) {
 
 /// Loads a swapped folio (owned as LOADING) and installs it. False when the
 /// store could not produce it.
-fn swap_in(shared: &Shared, region: &RegionInner, i: usize, word: u64) -> bool {
+fn swap_in(shared: &Shared, region: &RegionInner, i: usize, word: u64, server: &mut dyn Server) -> bool {
     let range = region.slots_of(word);
     let start = region.folio_addr(i);
-    with_folio_buf(region.folio_size, |buf| {
+    with_buf(&FOLIO_BUF, region.folio_size, |buf| {
         if shared.store.load(range, buf).is_err() {
             return false;
         }
-        let _ = shared.uffd.copy_dontwake(start, buf);
+        let _ = shared.uffd.copy_with(start, buf, &mut || server.on_eagain());
         // A refault soon after eviction (distance shorter than what fits in
         // memory) marks the folio active: the FIFO gives it a second pass.
         let now = shared.evictions.load(Ordering::Relaxed);
@@ -275,7 +285,7 @@ fn make_resident(shared: &Shared, region: &RegionInner, i: usize) {
 
 /// Brings in the next swapped folios of the region (2^page_cluster - 1 of
 /// them), while memory is under its limit.
-fn readahead(shared: &Shared, region: &RegionInner, i: usize) {
+fn readahead(shared: &Shared, region: &RegionInner, i: usize, server: &mut dyn Server) {
     let window = (1usize << shared.config.page_cluster) - 1;
     for j in i + 1..(i + 1 + window).min(region.folios.len()) {
         if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.config.memory_high {
@@ -286,7 +296,7 @@ fn readahead(shared: &Shared, region: &RegionInner, i: usize) {
         if folio::state(w) != SWAPPED || !f.transition(w, LOADING) {
             continue;
         }
-        if swap_in(shared, region, j, w) {
+        if swap_in(shared, region, j, w, server) {
             shared.counters.swap_ra.fetch_add(region.pages_per_folio() as u64, Ordering::Relaxed);
             let _ = shared.uffd.wake(region.folio_addr(j), region.folio_size);
         } else {
@@ -330,7 +340,7 @@ fn send_sigbus(tid: u32) {
 }
 
 /// The program dropped (`unmap` false: MADV_DONTNEED) or unmapped a range.
-fn on_remove(shared: &Shared, start: usize, end: usize, unmap: bool) {
+fn on_remove(shared: &Shared, start: usize, end: usize, unmap: bool, ev: &mut EventThread<'_>) {
     if !unmap {
         let mut own = shared.own_removes.lock().expect("own removes lock");
         if let Some(at) = own.iter().position(|&s| s == start) {
@@ -354,13 +364,21 @@ fn on_remove(shared: &Shared, start: usize, end: usize, unmap: bool) {
         while i < region.folios.len() && region.folio_addr(i) < last {
             let fstart = region.folio_addr(i);
             let whole = first <= fstart && fstart + fs <= last;
-            drop_folio(shared, &region, i, whole, unmap, first, last);
+            drop_folio(shared, &region, i, whole, unmap, (first, last), ev);
             i += 1;
         }
     }
 }
 
-fn drop_folio(shared: &Shared, region: &RegionInner, i: usize, whole: bool, unmap: bool, first: usize, last: usize) {
+fn drop_folio(
+    shared: &Shared,
+    region: &RegionInner,
+    i: usize,
+    whole: bool,
+    unmap: bool,
+    (first, last): (usize, usize),
+    ev: &mut EventThread<'_>,
+) {
     let f = &region.folios[i];
     let fs = region.folio_size;
     let after = if unmap { GONE } else { UNTOUCHED };
@@ -386,13 +404,13 @@ fn drop_folio(shared: &Shared, region: &RegionInner, i: usize, whole: bool, unma
                     continue;
                 }
                 let start = region.folio_addr(i);
-                let ok = with_folio_buf(fs, |buf| {
+                let ok = with_buf(&FOLIO_BUF, fs, |buf| {
                     if shared.store.load(region.slots_of(w), buf).is_err() {
                         return false;
                     }
                     let (a, b) = (first.max(start) - start, last.min(start + fs) - start);
                     buf[a..b].fill(0);
-                    let _ = shared.uffd.copy_dontwake(start, buf);
+                    let _ = shared.uffd.copy_with(start, buf, &mut || ev.on_eagain());
                     true
                 });
                 if ok {
@@ -420,7 +438,7 @@ fn drop_folio(shared: &Shared, region: &RegionInner, i: usize, whole: bool, unma
 /// The program moved `len` bytes from `from` to `to` (mremap). Whole regions
 /// move with their folios; a folio-aligned part becomes a region of its own
 /// at the new place.
-fn on_remap(shared: &Shared, from: usize, to: usize, len: usize) {
+fn on_remap(shared: &Shared, from: usize, to: usize, len: usize, ev: &mut EventThread<'_>) {
     let Some((region, _)) = shared.lookup(from) else { return };
     if from == region.base() && len == region.len {
         region.base.store(to, Ordering::Release);
@@ -428,9 +446,9 @@ fn on_remap(shared: &Shared, from: usize, to: usize, len: usize) {
     }
     let fs = region.folio_size;
     if (from - region.base()) % fs != 0 || len % fs != 0 {
-        // A move that cuts folios: the folios it touches cannot be followed;
-        // their slots are released and they read as zero.
-        on_remove(shared, from, from + len, true);
+        // A move that cuts folios cannot be followed: the folios it touches
+        // lose their slots and read as zero.
+        on_remove(shared, from, from + len, true, ev);
         return;
     }
     let first = (from - region.base()) / fs;
@@ -442,8 +460,8 @@ fn on_remap(shared: &Shared, from: usize, to: usize, len: usize) {
         loop {
             let w = src.load();
             match folio::state(w) {
-                // A filler finishes a load without the event thread; waiting
-                // here is safe.
+                // A filler finishes a load without this thread (it reads its
+                // own EAGAIN away by yielding; this thread has read the event).
                 LOADING => std::thread::yield_now(),
                 // The reclaimer may be waiting for this thread (its
                 // MADV_DONTNEED): do not wait. The pages moved with their

@@ -4,11 +4,14 @@
 //! Order: FIFO of folios in fault-in order; a folio that refaulted soon
 //! after its eviction (refault distance shorter than what fits in memory,
 //! the kernel's workingset test) is marked active and gets one more pass.
-//! Victims are write-protected and collected in a plug of up to
-//! `compress_batchsize` folios (flushed when full, before a 2M folio, and
-//! after a short timeout), copied out in one `process_vm_readv`, stored with
-//! one `store_batch`, then dropped (MADV_DONTNEED). A folio the store refuses
-//! is unprotected and stays resident.
+//! Victims are collected in a plug of up to `compress_batchsize` folios
+//! (flushed when full, before a 2M folio, and after a short timeout). At a
+//! flush they are write-protected, copied out in one `process_vm_readv`,
+//! stored with one `store_batch`, then dropped (MADV_DONTNEED). Adjacent
+//! folios of the plug (sequential access makes them the rule) share one
+//! write-protect call and one MADV_DONTNEED, so the TLB flushes and the
+//! REMOVE event round trips are paid per run, not per folio. A folio the
+//! store refuses is unprotected and stays resident.
 //!
 //! The copy-out goes through `process_vm_readv` rather than a plain memory
 //! copy so that a range the program unmapped or moved meanwhile is an error
@@ -35,7 +38,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     let mut staging: Vec<u8> = Vec::new();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
-            release_plug(shared, &mut plug);
+            release_plug(&mut plug);
             return;
         }
         let over = shared.resident.load(Ordering::Acquire) > shared.config.memory_high;
@@ -75,8 +78,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     }
 }
 
-/// Pops folios until one can be taken for eviction (write-protected, state
-/// EVICTING).
+/// Pops folios until one can be taken for eviction (state EVICTING).
 fn next_victim(shared: &Shared) -> Option<Victim> {
     loop {
         let FolioRef { region, folio: i } = shared.fifo.lock().expect("fifo lock").pop_front()?;
@@ -98,55 +100,101 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         if !f.transition(w, EVICTING) {
             continue;
         }
-        let start = region.folio_addr(i);
-        if shared.uffd.write_protect(start, region.folio_size, true).is_err() {
-            // The range is gone or changing: leave the folio as it was.
-            f.set(RESIDENT);
-            continue;
-        }
         return Some(Victim { region, folio: i });
     }
 }
 
-/// Copies the plugged folios out, stores them as one batch and drops the
-/// stored ones from memory.
+/// Runs of plug entries that are adjacent folios of one region: (first
+/// index into the plug, count).
+fn runs(plug: &[Victim]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (k, v) in plug.iter().enumerate() {
+        match out.last_mut() {
+            Some((first, count))
+                if plug[*first].region.id == v.region.id && plug[*first].folio + *count == v.folio =>
+            {
+                *count += 1
+            }
+            _ => out.push((k, 1)),
+        }
+    }
+    out
+}
+
+fn run_range(plug: &[Victim], (first, count): (usize, usize)) -> (usize, usize) {
+    let v = &plug[first];
+    (v.region.folio_addr(v.folio), count * v.region.folio_size)
+}
+
+/// Write-protects, copies out and stores the plugged folios as one batch,
+/// and drops the stored ones from memory.
 fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
+    // Keep the plug sorted so that adjacent folios form runs.
+    plug.sort_by_key(|v| (v.region.id, v.folio));
+    let mut protected = vec![true; plug.len()];
+    for run in runs(plug) {
+        let (start, len) = run_range(plug, run);
+        if shared.uffd.write_protect(start, len, true).is_err() {
+            // The range is gone or changing: these folios stay as they were.
+            protected[run.0..run.0 + run.1].fill(false);
+        }
+    }
     let sizes: usize = plug.iter().map(|v| v.region.folio_size).sum();
     if staging.len() < sizes {
         staging.resize(sizes, 0);
     }
-    let copied = copy_out(plug, &mut staging[..sizes]);
+    let copied = protected.iter().all(|&p| p) && copy_out(plug, &mut staging[..sizes]);
     let mut folios: Vec<&[u8]> = Vec::with_capacity(plug.len());
     let mut at = 0;
     for v in plug.iter() {
         folios.push(&staging[at..at + v.region.folio_size]);
         at += v.region.folio_size;
     }
-    let results = if copied {
+    let results: Vec<Result<crate::zswap::SlotRange, crate::zswap::StoreError>> = if copied {
         shared.store.store_batch(&folios)
     } else {
         plug.iter().map(|_| Err(crate::zswap::StoreError::Io)).collect()
     };
     shared.counters.reclaim_batches.fetch_add(1, Ordering::Relaxed);
+
+    // Drop the stored folios, a run of adjacent ones at a time.
+    let stored: Vec<bool> = results.iter().map(|r| r.is_ok()).collect();
+    let mut k = 0;
+    while k < plug.len() {
+        if !stored[k] {
+            k += 1;
+            continue;
+        }
+        let mut n = 1;
+        while k + n < plug.len()
+            && stored[k + n]
+            && plug[k + n].region.id == plug[k].region.id
+            && plug[k + n].folio == plug[k].folio + n
+        {
+            n += 1;
+        }
+        let (start, len) = run_range(plug, (k, n));
+        // The event thread consumes this mark with the REMOVE event that our
+        // MADV_DONTNEED raises (the call returns once the event is read,
+        // possibly before it is handled).
+        shared.own_removes.lock().expect("own removes lock").push(start);
+        // SAFETY: dropping pages of a managed range that is write-protected
+        // and owned by this thread (every folio in it is EVICTING).
+        if unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) } != 0 {
+            // No event was raised for a failed call.
+            shared.own_removes.lock().expect("own removes lock").retain(|&s| s != start);
+        }
+        k += n;
+    }
+
     let mut progress = false;
-    for (v, result) in plug.drain(..).zip(results) {
+    for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
         let region = &v.region;
         let f = &region.folios[v.folio];
         let start = region.folio_addr(v.folio);
         let fs = region.folio_size;
         match result {
             Ok(range) => {
-                // The event thread consumes this mark with the REMOVE event
-                // that our MADV_DONTNEED raises (the call returns once the
-                // event is read, possibly before it is handled).
-                shared.own_removes.lock().expect("own removes lock").push(start);
-                // SAFETY: dropping pages of a managed range that is
-                // write-protected and owned by this thread (EVICTING).
-                let r = unsafe { libc::madvise(start as *mut _, fs, libc::MADV_DONTNEED) };
-                if r != 0 {
-                    // No event was raised for a failed call.
-                    shared.own_removes.lock().expect("own removes lock").retain(|&s| s != start);
-                }
                 let clock = shared.evictions.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
                 region.evicted_at[v.folio].store(clock, Ordering::Relaxed);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
@@ -163,7 +211,12 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
                 let _ = shared.uffd.wake(start, fs);
             }
             Err(_) => {
-                let _ = shared.uffd.write_protect(start, fs, false);
+                if was_protected {
+                    // Lifting the protection wakes the writers held on it.
+                    let _ = shared.uffd.write_protect(start, fs, false);
+                } else {
+                    let _ = shared.uffd.wake(start, fs);
+                }
                 let dropped = f.load() & DROPPED != 0;
                 f.set(if dropped { GONE } else { RESIDENT });
                 if dropped {
@@ -178,11 +231,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
             }
         }
     }
-    if progress {
-        shared.reclaim_stuck.store(false, Ordering::Release);
-    } else {
-        shared.reclaim_stuck.store(true, Ordering::Release);
-    }
+    shared.reclaim_stuck.store(!progress, Ordering::Release);
     shared.reclaimed.1.notify_all();
 }
 
@@ -221,10 +270,10 @@ fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
     done == total
 }
 
-/// On shutdown: unprotect plugged folios and leave them resident.
-fn release_plug(shared: &Shared, plug: &mut Vec<Victim>) {
+/// On shutdown: leave plugged folios resident (they are not protected
+/// until a flush).
+fn release_plug(plug: &mut Vec<Victim>) {
     for v in plug.drain(..) {
-        let _ = shared.uffd.write_protect(v.region.folio_addr(v.folio), v.region.folio_size, false);
         v.region.folios[v.folio].set(RESIDENT);
     }
 }

@@ -222,16 +222,12 @@ impl Uffd {
     /// Never call it from the thread that reads the descriptor: EAGAIN
     /// lasts until that thread reads the pending event.
     pub fn copy_dontwake(&self, dst: usize, src: &[u8]) -> io::Result<()> {
-        self.copy(dst, src, true)
+        self.copy_with(dst, src, &mut std::thread::yield_now)
     }
 
-    /// One attempt at [`Uffd::copy_dontwake`] that gives up on EAGAIN, for
-    /// the event thread itself.
-    pub fn try_copy_dontwake(&self, dst: usize, src: &[u8]) -> io::Result<()> {
-        self.copy(dst, src, false)
-    }
-
-    fn copy(&self, dst: usize, src: &[u8], retry_eagain: bool) -> io::Result<()> {
+    /// [`Uffd::copy_dontwake`], calling `on_eagain` before each retry; the
+    /// event thread passes a function that reads the pending events.
+    pub fn copy_with(&self, dst: usize, src: &[u8], on_eagain: &mut dyn FnMut()) -> io::Result<()> {
         let page = 4096;
         let mut done = 0usize;
         while done < src.len() {
@@ -250,7 +246,7 @@ impl Uffd {
                     }
                     match e.raw_os_error() {
                         Some(libc::EEXIST) => done += page,
-                        Some(libc::EAGAIN) if retry_eagain => std::thread::yield_now(),
+                        Some(libc::EAGAIN) => on_eagain(),
                         _ => return Err(e),
                     }
                 }
@@ -260,8 +256,8 @@ impl Uffd {
     }
 
     /// Maps the zero page over the range, without waking; existing pages
-    /// are skipped.
-    pub fn zeropage_dontwake(&self, start: usize, len: usize) -> io::Result<()> {
+    /// are skipped; `on_eagain` runs before each retry of a changing mapping.
+    pub fn zeropage_with(&self, start: usize, len: usize, on_eagain: &mut dyn FnMut()) -> io::Result<()> {
         let page = 4096;
         let mut done = 0usize;
         while done < len {
@@ -281,7 +277,7 @@ impl Uffd {
                     }
                     match e.raw_os_error() {
                         Some(libc::EEXIST) => done += page,
-                        Some(libc::EAGAIN) => std::thread::yield_now(),
+                        Some(libc::EAGAIN) => on_eagain(),
                         _ => return Err(e),
                     }
                 }
