@@ -21,7 +21,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Benchmarks: `uswap bench codecs`, `uswap bench store`.
+    /// Benchmarks: `uswap bench codecs`, `uswap bench store`, `uswap bench faults`.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
@@ -40,6 +40,9 @@ enum BenchCommand {
     /// The compressed store: batched vs sequential store and load per folio
     /// size, pool efficiency, and the slot free modes.
     Store(bench::store::Args),
+    /// Swap-in fault latency per folio size and slot free mode, against the
+    /// userfaultfd and codec floors.
+    Faults(bench::faults::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Bench { which } => match which {
             BenchCommand::Codecs(args) => bench::codecs::run(&args),
             BenchCommand::Store(args) => bench::store::run(&args),
+            BenchCommand::Faults(args) => bench::faults::run(&args),
         },
         Command::TrainDict(args) => train_dict::run(&args),
         Command::Usemem(args) => usemem::run(&args),

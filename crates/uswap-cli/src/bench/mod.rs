@@ -2,6 +2,7 @@
 //! JSON output) and one module per `uswap bench` subcommand.
 
 pub mod codecs;
+pub mod faults;
 pub mod store;
 
 use indicatif::{ProgressBar, ProgressStyle};

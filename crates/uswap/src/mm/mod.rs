@@ -20,6 +20,7 @@
 //! refused and unprotected (its write lands in place).
 
 mod fault;
+pub mod floor;
 mod folio;
 mod reclaim;
 mod region;
@@ -100,12 +101,15 @@ impl Default for RuntimeConfig {
 
 impl RuntimeConfig {
     /// How far resident managed memory may exceed `memory_high` before a
-    /// faulting thread waits for reclaim: two plugs of folios, and one
-    /// readahead window per filler.
+    /// faulting thread waits for reclaim: two plugs of folios and one
+    /// readahead window per fault server, but at least 1/64 of the limit and
+    /// 1 MiB, so that reclaim can run beside the faulting threads instead of
+    /// in front of every fault (as memory.high lets usage overshoot and
+    /// reclaims on the way back to user space).
     pub fn slack(&self) -> usize {
         let plug = self.compress_batchsize.max(1) * self.folio_size;
-        let readahead = self.fillers * (1usize << self.page_cluster) * self.folio_size;
-        2 * plug + readahead
+        let readahead = (self.fillers + 1) * (1usize << self.page_cluster) * self.folio_size;
+        (2 * plug + readahead).max(self.memory_high / 64).max(1 << 20)
     }
 }
 

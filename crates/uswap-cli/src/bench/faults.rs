@@ -1,0 +1,260 @@
+//! `uswap bench faults`: swap-in latency. Memory is filled well above the
+//! limit with corpus pages, then threads touch swapped folios in random
+//! order; each touch is one fault served from the store. Per folio size and
+//! slot free mode: p50/p99/p99.9 and the share of faults per latency bucket.
+//! In the same run, the floors: a bare userfaultfd round trip that installs
+//! a 4 KiB / 64 KiB unit with no store behind it, UFFDIO_COPY alone, and the
+//! raw codec's decompression of the same pages.
+
+use super::store::latency_summary;
+use super::{progress, quantile, write_json, Table};
+use crate::args;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use uswap::codec::lz4::{lz4_decompress, Lz4State};
+use uswap::corpus::{self, PAGE_SIZE};
+use uswap::mm::{floor, Runtime, RuntimeConfig};
+use uswap::size::format_size;
+use uswap::swap::FreeMode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Corpus directory (default: the project's corpus/).
+    #[arg(long, value_parser = args::existing_dir)]
+    corpus: Option<PathBuf>,
+    /// Folio sizes.
+    #[arg(long, default_value = "4k,64k", value_parser = args::folio_size, value_delimiter = ',')]
+    folios: Vec<usize>,
+    /// Memory limit.
+    #[arg(long, default_value = "32M", value_parser = args::size)]
+    memory_high: u64,
+    /// Managed memory filled, several times the limit.
+    #[arg(long, default_value = "256M", value_parser = args::size)]
+    size: u64,
+    /// Touching threads.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    threads: u32,
+    /// Faults timed per configuration.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(100..))]
+    faults: u64,
+    /// Compression engines.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
+    engines: u32,
+    /// Write every figure as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Row {
+    folio: String,
+    free_mode: &'static str,
+    faults: usize,
+    mean_us: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    buckets: BTreeMap<&'static str, f64>,
+    p50_per_page_us: f64,
+    p50_vs_floor: f64,
+}
+
+#[derive(Serialize)]
+struct Floors {
+    roundtrip_4k_us: f64,
+    roundtrip_64k_us: f64,
+    uffdio_copy_4k_us: f64,
+    decompress_4k_us: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    memory_high: u64,
+    size: u64,
+    threads: u32,
+    rows: Vec<Row>,
+    floors: Floors,
+}
+
+fn p50_us(mut v: Vec<u64>) -> f64 {
+    v.sort_unstable();
+    quantile(&v, 0.5) as f64 / 1000.0
+}
+
+fn measure_floors(pages: &[u8]) -> Result<Floors, String> {
+    let e = |e: std::io::Error| format!("userfaultfd floor: {e}");
+    let mut state = Lz4State::new();
+    let mut compressed: Vec<Vec<u8>> = Vec::new();
+    for page in pages.chunks_exact(PAGE_SIZE) {
+        let mut buf = vec![0u8; PAGE_SIZE];
+        if let Some(n) = state.compress(page, &mut buf, PAGE_SIZE - 1) {
+            buf.truncate(n);
+            compressed.push(buf);
+        }
+    }
+    let mut out = vec![0u8; PAGE_SIZE];
+    let mut dec = Vec::with_capacity(compressed.len());
+    for c in &compressed {
+        let t = Instant::now();
+        lz4_decompress(c, &mut out).map_err(|e| e.to_string())?;
+        dec.push(t.elapsed().as_nanos() as u64);
+    }
+    Ok(Floors {
+        roundtrip_4k_us: p50_us(floor::roundtrip_ns(PAGE_SIZE, 4000).map_err(e)?),
+        roundtrip_64k_us: p50_us(floor::roundtrip_ns(64 << 10, 1000).map_err(e)?),
+        uffdio_copy_4k_us: p50_us(floor::uffdio_copy_ns(PAGE_SIZE, 4000).map_err(e)?),
+        decompress_4k_us: p50_us(dec),
+    })
+}
+
+/// Fills managed memory with corpus pages, then times faults on swapped
+/// folios touched in random order.
+fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Vec<u64>, String> {
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: args.memory_high as usize,
+        folio_size: folio,
+        engines: args.engines as usize,
+        slot_free: mode,
+        ..RuntimeConfig::default()
+    })
+    .map_err(|e| format!("starting the runtime: {e}"))?;
+    let mut region = rt.map(args.size as usize).map_err(|e| format!("mapping: {e}"))?;
+    let n = pages.len() / PAGE_SIZE;
+    for (i, page) in region.as_mut_slice().chunks_exact_mut(PAGE_SIZE).enumerate() {
+        let p = (i * 7) % n;
+        page.copy_from_slice(&pages[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rt.stats().resident_bytes > args.memory_high && Instant::now() < deadline {
+        rt.reclaim_now();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let base = region.as_ptr() as usize;
+    let folios = region.len() / folio;
+    let per_thread = (args.faults / args.threads as u64) as usize;
+    let rt = &rt;
+    let samples: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 1);
+                    let mut lat = Vec::with_capacity(per_thread);
+                    let stop = Instant::now() + Duration::from_secs(60);
+                    while lat.len() < per_thread && Instant::now() < stop {
+                        let addr = base + rng.gen_range(0..folios) * folio + rng.gen_range(0..folio / PAGE_SIZE) * PAGE_SIZE;
+                        if !rt.is_swapped(addr as *const u8) {
+                            continue;
+                        }
+                        let t0 = Instant::now();
+                        // SAFETY: an address inside the region, which lives
+                        // until the threads are joined.
+                        unsafe { std::ptr::read_volatile(addr as *const u8) };
+                        lat.push(t0.elapsed().as_nanos() as u64);
+                    }
+                    lat
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("toucher")).collect()
+    });
+    let stats = rt.stats();
+    if stats.sigbus > 0 || stats.store.decompress_fail > 0 {
+        return Err("faults failed during the benchmark".into());
+    }
+    drop(region);
+    Ok(samples.into_iter().flatten().collect())
+}
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let dir = args.corpus.clone().unwrap_or_else(corpus::default_dir);
+    let workloads = corpus::load_dir(&dir).map_err(|e| format!("loading the corpus: {e}"))?;
+    let pages: Vec<u8> = workloads.iter().flat_map(|w| w.pages.iter().copied()).collect();
+    if args.size < 2 * args.memory_high {
+        return Err("--size must be at least twice --memory-high, so that most of it is swapped".into());
+    }
+    let modes = [FreeMode::Immediate, FreeMode::Batched, FreeMode::Async];
+    let bar = progress((args.folios.len() * modes.len() + 1) as u64, "faults");
+    bar.set_message("floors");
+    let floors = measure_floors(&pages)?;
+    bar.inc(1);
+    let mut rows = Vec::new();
+    for &folio in &args.folios {
+        for mode in modes {
+            bar.set_message(format!("{} {}", format_size(folio as u64), mode.name()));
+            let mut lat = measure(args, folio, mode, &pages)?;
+            let (mean, p50, p99, p999, buckets) = latency_summary(&mut lat);
+            let pages_per_folio = (folio / PAGE_SIZE) as f64;
+            let floor = if folio == PAGE_SIZE {
+                floors.roundtrip_4k_us + floors.decompress_4k_us
+            } else {
+                floors.roundtrip_64k_us * folio as f64 / (64 << 10) as f64 + floors.decompress_4k_us * pages_per_folio
+            };
+            rows.push(Row {
+                folio: format_size(folio as u64),
+                free_mode: mode.name(),
+                faults: lat.len(),
+                mean_us: mean,
+                p50_us: p50,
+                p99_us: p99,
+                p999_us: p999,
+                buckets,
+                p50_per_page_us: p50 / pages_per_folio,
+                p50_vs_floor: p50 / floor,
+            });
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+
+    let mut t = Table::new(&[
+        "folio", "free mode", "faults", "mean us", "p50 us", "p99 us", "p99.9 us", "0-20", "20-100", "100-500", ">500",
+        "p50/page us", "p50/floor",
+    ]);
+    for r in &rows {
+        let share = |k: &str| format!("{:.2}%", r.buckets[k] * 100.0);
+        t.row(vec![
+            r.folio.clone(),
+            r.free_mode.to_string(),
+            r.faults.to_string(),
+            format!("{:.1}", r.mean_us),
+            format!("{:.1}", r.p50_us),
+            format!("{:.1}", r.p99_us),
+            format!("{:.1}", r.p999_us),
+            share("0-20"),
+            share("20-100"),
+            share("100-500"),
+            share(">500"),
+            format!("{:.2}", r.p50_per_page_us),
+            format!("{:.2}", r.p50_vs_floor),
+        ]);
+    }
+    t.print(&format!(
+        "Swap-in faults: {} threads touching {} of corpus pages under a {} limit (floor = round trip + raw decompression)",
+        args.threads,
+        format_size(args.size),
+        format_size(args.memory_high)
+    ));
+    let mut t = Table::new(&["floor", "p50 us"]);
+    t.row(vec!["userfaultfd round trip, 4K install".into(), format!("{:.2}", floors.roundtrip_4k_us)]);
+    t.row(vec!["userfaultfd round trip, 64K install".into(), format!("{:.2}", floors.roundtrip_64k_us)]);
+    t.row(vec!["UFFDIO_COPY alone, 4K".into(), format!("{:.2}", floors.uffdio_copy_4k_us)]);
+    t.row(vec!["lz4 decompress, 4K corpus page".into(), format!("{:.2}", floors.decompress_4k_us)]);
+    t.print("Floors, measured in the same run");
+
+    if let Some(path) = &args.json {
+        write_json(
+            path,
+            &Report {
+                memory_high: args.memory_high,
+                size: args.size,
+                threads: args.threads,
+                rows,
+                floors,
+            },
+        )?;
+    }
+    Ok(())
+}

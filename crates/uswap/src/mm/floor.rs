@@ -1,0 +1,110 @@
+//! Floors for the fault benchmark: what userfaultfd itself costs on this
+//! machine, with no store behind it, so that the runtime's fault latency can
+//! be reported as a ratio to them.
+
+use super::uffd::{RawMsg, Uffd, EVENT_PAGEFAULT};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// A private anonymous mapping registered with a fresh userfaultfd.
+struct Scratch {
+    uffd: Uffd,
+    base: usize,
+    len: usize,
+}
+
+impl Scratch {
+    fn new(len: usize) -> io::Result<Scratch> {
+        // SAFETY: an anonymous private mapping of the kernel's choosing,
+        // checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let uffd = Uffd::open()?;
+        uffd.register(p as usize, len)?;
+        Ok(Scratch {
+            uffd,
+            base: p as usize,
+            len,
+        })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = self.uffd.unregister(self.base, self.len);
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.base as *mut _, self.len) };
+    }
+}
+
+/// Latencies (ns) of `count` first touches, each served by a handler thread
+/// that installs a whole `unit` with one UFFDIO_COPY and wakes the toucher:
+/// the bare round trip a store-backed fault cannot beat.
+pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
+    let scratch = Scratch::new(unit * count)?;
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let handler = s.spawn(|| {
+            let data = vec![0x5au8; unit];
+            let mut msgs = [RawMsg::ZERO; 16];
+            while !done.load(Ordering::Acquire) {
+                let mut pfd = libc::pollfd {
+                    fd: scratch.uffd.raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd for the call.
+                if unsafe { libc::poll(&mut pfd, 1, 20) } <= 0 {
+                    continue;
+                }
+                let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
+                for m in &msgs[..n] {
+                    let arg = m.arg;
+                    if m.event == EVENT_PAGEFAULT {
+                        let start = (arg[1] as usize) & !(unit - 1);
+                        let _ = scratch.uffd.copy_dontwake(start, &data);
+                        let _ = scratch.uffd.wake(start, unit);
+                    }
+                }
+            }
+        });
+        let mut out = Vec::with_capacity(count);
+        for i in 0..count {
+            let p = (scratch.base + i * unit) as *const u8;
+            let t = Instant::now();
+            // SAFETY: inside the scratch mapping; the read faults and the
+            // handler fills it.
+            let v = unsafe { std::ptr::read_volatile(p) };
+            out.push(t.elapsed().as_nanos() as u64);
+            assert_eq!(v, 0x5a, "the handler installed the page");
+        }
+        done.store(true, Ordering::Release);
+        handler.join().expect("floor handler");
+        Ok(out)
+    })
+}
+
+/// Latencies (ns) of UFFDIO_COPY alone, `count` installs of `unit` bytes.
+pub fn uffdio_copy_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
+    let scratch = Scratch::new(unit * count)?;
+    let data = vec![0x5au8; unit];
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let t = Instant::now();
+        scratch.uffd.copy_dontwake(scratch.base + i * unit, &data)?;
+        out.push(t.elapsed().as_nanos() as u64);
+    }
+    Ok(out)
+}
