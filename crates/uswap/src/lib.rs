@@ -22,5 +22,6 @@ pub mod corpus;
 pub mod mm;
 pub mod size;
 pub mod swap;
+mod sys;
 pub mod zpool;
 pub mod zswap;

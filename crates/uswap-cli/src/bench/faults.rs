@@ -6,12 +6,10 @@
 //! a 4 KiB / 64 KiB unit with no store behind it, UFFDIO_COPY alone, and the
 //! raw codec's decompression of the same pages.
 
-use super::store::latency_summary;
-use super::{progress, quantile, write_json, Table};
+use super::{progress, quantile, write_json, Latency, Table};
 use crate::args;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use uswap::codec::lz4::{lz4_decompress, Lz4State};
@@ -53,11 +51,8 @@ struct Row {
     folio: String,
     free_mode: &'static str,
     faults: usize,
-    mean_us: f64,
-    p50_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-    buckets: BTreeMap<&'static str, f64>,
+    #[serde(flatten)]
+    latency: Latency,
     p50_per_page_us: f64,
     p50_vs_floor: f64,
 }
@@ -185,7 +180,8 @@ pub fn run(args: &Args) -> Result<(), String> {
         for mode in modes {
             bar.set_message(format!("{} {}", format_size(folio as u64), mode.name()));
             let mut lat = measure(args, folio, mode, &pages)?;
-            let (mean, p50, p99, p999, buckets) = latency_summary(&mut lat);
+            let latency = Latency::of(&mut lat);
+            let p50 = latency.p50_us;
             let pages_per_folio = (folio / PAGE_SIZE) as f64;
             let floor = if folio == PAGE_SIZE {
                 floors.roundtrip_4k_us + floors.decompress_4k_us
@@ -196,11 +192,7 @@ pub fn run(args: &Args) -> Result<(), String> {
                 folio: format_size(folio as u64),
                 free_mode: mode.name(),
                 faults: lat.len(),
-                mean_us: mean,
-                p50_us: p50,
-                p99_us: p99,
-                p999_us: p999,
-                buckets,
+                latency,
                 p50_per_page_us: p50 / pages_per_folio,
                 p50_vs_floor: p50 / floor,
             });
@@ -209,27 +201,13 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     bar.finish_and_clear();
 
-    let mut t = Table::new(&[
-        "folio", "free mode", "faults", "mean us", "p50 us", "p99 us", "p99.9 us", "0-20", "20-100", "100-500", ">500",
-        "p50/page us", "p50/floor",
-    ]);
+    let mut t = Table::new(&[&["folio", "free mode", "faults"][..], &Latency::HEADER[..], &["p50/page us", "p50/floor"][..]].concat());
     for r in &rows {
-        let share = |k: &str| format!("{:.2}%", r.buckets[k] * 100.0);
-        t.row(vec![
-            r.folio.clone(),
-            r.free_mode.to_string(),
-            r.faults.to_string(),
-            format!("{:.1}", r.mean_us),
-            format!("{:.1}", r.p50_us),
-            format!("{:.1}", r.p99_us),
-            format!("{:.1}", r.p999_us),
-            share("0-20"),
-            share("20-100"),
-            share("100-500"),
-            share(">500"),
-            format!("{:.2}", r.p50_per_page_us),
-            format!("{:.2}", r.p50_vs_floor),
-        ]);
+        let mut cells = vec![r.folio.clone(), r.free_mode.to_string(), r.faults.to_string()];
+        cells.extend(r.latency.cells());
+        cells.push(format!("{:.2}", r.p50_per_page_us));
+        cells.push(format!("{:.2}", r.p50_vs_floor));
+        t.row(cells);
     }
     t.print(&format!(
         "Swap-in faults: {} threads touching {} of corpus pages under a {} limit (floor = round trip + raw decompression)",

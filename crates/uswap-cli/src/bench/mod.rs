@@ -7,6 +7,7 @@ pub mod store;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Latency percentiles in nanoseconds.
@@ -93,5 +94,57 @@ impl Table {
         for r in &self.rows {
             line(r);
         }
+    }
+}
+
+/// The latency buckets of the async-free seed, upper bounds in ns.
+const BUCKETS: [(&str, u64); 4] = [("0-20", 20_000), ("20-100", 100_000), ("100-500", 500_000), (">500", u64::MAX)];
+
+/// A latency distribution in microseconds, with the share of samples in
+/// each of the seed's buckets.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub buckets: BTreeMap<&'static str, f64>,
+}
+
+impl Latency {
+    /// Column names matching [`Latency::cells`].
+    pub const HEADER: [&'static str; 8] = ["mean us", "p50 us", "p99 us", "p99.9 us", "0-20", "20-100", "100-500", ">500"];
+
+    /// The distribution of `samples` (ns).
+    pub fn of(samples: &mut [u64]) -> Latency {
+        samples.sort_unstable();
+        let n = samples.len().max(1) as f64;
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let mut buckets = BTreeMap::new();
+        let mut lower = 0;
+        for (name, upper) in BUCKETS {
+            let count = samples.iter().filter(|&&x| x >= lower && x < upper).count();
+            buckets.insert(name, count as f64 / n);
+            lower = upper;
+        }
+        Latency {
+            mean_us: samples.iter().sum::<u64>() as f64 / n / 1000.0,
+            p50_us: us(quantile(samples, 0.5)),
+            p99_us: us(quantile(samples, 0.99)),
+            p999_us: us(quantile(samples, 0.999)),
+            buckets,
+        }
+    }
+
+    /// Table cells, in [`Latency::HEADER`] order.
+    pub fn cells(&self) -> Vec<String> {
+        let mut v = vec![
+            format!("{:.2}", self.mean_us),
+            format!("{:.2}", self.p50_us),
+            format!("{:.2}", self.p99_us),
+            format!("{:.2}", self.p999_us),
+        ];
+        v.extend(BUCKETS.iter().map(|(k, _)| format!("{:.3}%", self.buckets[k] * 100.0)));
+        v
     }
 }

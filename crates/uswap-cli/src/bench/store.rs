@@ -5,11 +5,10 @@
 //! rounds of one run; pool efficiency; and the slot free modes under a
 //! load-and-release loop.
 
-use super::{progress, quantile, write_json, Table};
+use super::{progress, quantile, write_json, Latency, Table};
 use crate::args;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -88,11 +87,8 @@ struct FreeModeRow {
     mode: &'static str,
     threads: usize,
     operations: usize,
-    mean_us: f64,
-    p50_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-    buckets: BTreeMap<&'static str, f64>,
+    #[serde(flatten)]
+    latency: Latency,
 }
 
 #[derive(Serialize)]
@@ -253,23 +249,6 @@ fn measure_pool(codec: &str, pages: &[&[u8]], swap_dir: &Path) -> Result<PoolRow
     })
 }
 
-const BUCKETS: [(&str, u64); 4] = [("0-20", 20_000), ("20-100", 100_000), ("100-500", 500_000), (">500", u64::MAX)];
-
-/// Latency percentiles and bucket shares of a set of samples (ns).
-pub fn latency_summary(samples: &mut [u64]) -> (f64, f64, f64, f64, BTreeMap<&'static str, f64>) {
-    samples.sort_unstable();
-    let n = samples.len().max(1) as f64;
-    let mean = samples.iter().sum::<u64>() as f64 / n;
-    let mut buckets = BTreeMap::new();
-    let mut lower = 0;
-    for (name, upper) in BUCKETS {
-        let count = samples.iter().filter(|&&x| x >= lower && x < upper).count();
-        buckets.insert(name, count as f64 / n);
-        lower = upper;
-    }
-    (us(mean as u64), us(quantile(samples, 0.5)), us(quantile(samples, 0.99)), us(quantile(samples, 0.999)), buckets)
-}
-
 /// Loads of random single pages by several threads, each page stored again
 /// (untimed) after its load; the released slots go through `mode`.
 fn measure_free_mode(mode: FreeMode, pages: &[&[u8]], ops: u64, threads: usize, swap_dir: &Path) -> Result<Vec<u64>, String> {
@@ -352,18 +331,11 @@ pub fn run(args: &Args) -> Result<(), String> {
     let free_rows: Vec<FreeModeRow> = modes
         .iter()
         .zip(samples.iter_mut())
-        .map(|(mode, s)| {
-            let (mean, p50, p99, p999, buckets) = latency_summary(s);
-            FreeModeRow {
-                mode: mode.name(),
-                threads: args.threads as usize,
-                operations: s.len(),
-                mean_us: mean,
-                p50_us: p50,
-                p99_us: p99,
-                p999_us: p999,
-                buckets,
-            }
+        .map(|(mode, s)| FreeModeRow {
+            mode: mode.name(),
+            threads: args.threads as usize,
+            operations: s.len(),
+            latency: Latency::of(s),
         })
         .collect();
     bar.finish_and_clear();
@@ -403,22 +375,11 @@ pub fn run(args: &Args) -> Result<(), String> {
     ]);
     t.print("Pool: every corpus page stored (then half invalidated at random and the pool compacted)");
 
-    let mut t = Table::new(&["free mode", "threads", "ops", "mean us", "p50 us", "p99 us", "p99.9 us", "0-20", "20-100", "100-500", ">500"]);
+    let mut t = Table::new(&[&["free mode", "threads", "ops"][..], &Latency::HEADER[..]].concat());
     for r in &free_rows {
-        let share = |k: &str| format!("{:.3}%", r.buckets[k] * 100.0);
-        t.row(vec![
-            r.mode.to_string(),
-            r.threads.to_string(),
-            r.operations.to_string(),
-            format!("{:.2}", r.mean_us),
-            format!("{:.2}", r.p50_us),
-            format!("{:.2}", r.p99_us),
-            format!("{:.2}", r.p999_us),
-            share("0-20"),
-            share("20-100"),
-            share("100-500"),
-            share(">500"),
-        ]);
+        let mut cells = vec![r.mode.to_string(), r.threads.to_string(), r.operations.to_string()];
+        cells.extend(r.latency.cells());
+        t.row(cells);
     }
     t.print("Slot free modes: 4K page loads (each releasing its slot) in random order");
 

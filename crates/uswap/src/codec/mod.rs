@@ -35,7 +35,7 @@ use std::sync::Arc;
 pub use canned::{train_dictionary, Canned, DEFAULT_DICTIONARY};
 pub use deflate::Deflate;
 pub use lz4::Lz4;
-pub use lzo::{Lzo, LzoRle};
+pub use lzo::Lzo;
 pub use zstd::Zstd;
 
 /// Why a codec call failed.
@@ -147,7 +147,7 @@ pub fn by_name(spec: &str) -> Result<Arc<dyn Codec>, UnknownCodec> {
     let codec: Arc<dyn Codec> = match (name, level) {
         ("lz4", None) => Arc::new(Lz4::new()),
         ("lzo", None) => Arc::new(Lzo::new()),
-        ("lzo-rle", None) => Arc::new(LzoRle::new()),
+        ("lzo-rle", None) => Arc::new(Lzo::rle()),
         ("zstd", level) => Arc::new(Zstd::new(level.unwrap_or(1)).ok_or_else(unknown)?),
         ("deflate", level) => Arc::new(Deflate::new(level.unwrap_or(1)).ok_or_else(unknown)?),
         ("canned", level) => Arc::new(

@@ -16,28 +16,10 @@ struct Scratch {
 
 impl Scratch {
     fn new(len: usize) -> io::Result<Scratch> {
-        // SAFETY: an anonymous private mapping of the kernel's choosing,
-        // checked against MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let base = crate::sys::map_anonymous(len)?.as_ptr() as usize;
         let uffd = Uffd::open()?;
-        uffd.register(p as usize, len)?;
-        Ok(Scratch {
-            uffd,
-            base: p as usize,
-            len,
-        })
+        uffd.register(base, len)?;
+        Ok(Scratch { uffd, base, len })
     }
 }
 
@@ -59,6 +41,7 @@ pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
         let handler = s.spawn(|| {
             let data = vec![0x5au8; unit];
             let mut msgs = [RawMsg::ZERO; 16];
+            let mut empty_reads = 0u32;
             while !done.load(Ordering::Acquire) {
                 let mut pfd = libc::pollfd {
                     fd: scratch.uffd.raw_fd(),
@@ -70,6 +53,16 @@ pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
                     continue;
                 }
                 let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
+                if n == 0 {
+                    // Readable but empty: wake the toucher so it refaults
+                    // (see the runtime's event loop).
+                    empty_reads += 1;
+                    if empty_reads % 64 == 0 {
+                        let _ = scratch.uffd.wake(scratch.base, scratch.len);
+                    }
+                    continue;
+                }
+                empty_reads = 0;
                 for m in &msgs[..n] {
                     let arg = m.arg;
                     if m.event == EVENT_PAGEFAULT {

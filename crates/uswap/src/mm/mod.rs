@@ -412,22 +412,7 @@ impl Runtime {
         let fs = self.shared.config.folio_size;
         let len = len.div_ceil(fs).max(1) * fs;
         // Over-map by a folio so the region can start folio-aligned.
-        // SAFETY: an anonymous private mapping at an address of the kernel's
-        // choosing, checked against MAP_FAILED.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len + fs,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let raw = raw as usize;
+        let raw = crate::sys::map_anonymous(len + fs)?.as_ptr() as usize;
         let base = raw.next_multiple_of(fs);
         // SAFETY: trimming the unaligned head and tail of our own mapping.
         unsafe {

@@ -228,9 +228,7 @@ impl Uffd {
     /// [`Uffd::copy_dontwake`], calling `on_eagain` before each retry; the
     /// event thread passes a function that reads the pending events.
     pub fn copy_with(&self, dst: usize, src: &[u8], on_eagain: &mut dyn FnMut()) -> io::Result<()> {
-        let page = 4096;
-        let mut done = 0usize;
-        while done < src.len() {
+        self.fill(src.len(), on_eagain, |done| {
             let mut c = UffdioCopy {
                 dst: (dst + done) as u64,
                 src: src[done..].as_ptr() as u64,
@@ -238,29 +236,14 @@ impl Uffd {
                 mode: COPY_MODE_DONTWAKE,
                 copy: 0,
             };
-            match self.ioctl(UFFDIO_COPY, &mut c) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    if c.copy > 0 {
-                        done += c.copy as usize;
-                    }
-                    match e.raw_os_error() {
-                        Some(libc::EEXIST) => done += page,
-                        Some(libc::EAGAIN) => on_eagain(),
-                        _ => return Err(e),
-                    }
-                }
-            }
-        }
-        Ok(())
+            (self.ioctl(UFFDIO_COPY, &mut c), c.copy)
+        })
     }
 
     /// Maps the zero page over the range, without waking; existing pages
     /// are skipped; `on_eagain` runs before each retry of a changing mapping.
     pub fn zeropage_with(&self, start: usize, len: usize, on_eagain: &mut dyn FnMut()) -> io::Result<()> {
-        let page = 4096;
-        let mut done = 0usize;
-        while done < len {
+        self.fill(len, on_eagain, |done| {
             let mut z = UffdioZeropage {
                 range: UffdioRange {
                     start: (start + done) as u64,
@@ -269,18 +252,32 @@ impl Uffd {
                 mode: ZEROPAGE_MODE_DONTWAKE,
                 zeropage: 0,
             };
-            match self.ioctl(UFFDIO_ZEROPAGE, &mut z) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    if z.zeropage > 0 {
-                        done += z.zeropage as usize;
-                    }
-                    match e.raw_os_error() {
-                        Some(libc::EEXIST) => done += page,
-                        Some(libc::EAGAIN) => on_eagain(),
-                        _ => return Err(e),
-                    }
-                }
+            (self.ioctl(UFFDIO_ZEROPAGE, &mut z), z.zeropage)
+        })
+    }
+
+    /// Drives a filling ioctl over `len` bytes: `attempt(done)` fills from
+    /// offset `done` and returns its result and the bytes it reports. An
+    /// existing page (EEXIST) is skipped, a changing mapping (EAGAIN)
+    /// retried after `on_eagain`.
+    fn fill(
+        &self,
+        len: usize,
+        on_eagain: &mut dyn FnMut(),
+        mut attempt: impl FnMut(usize) -> (io::Result<()>, i64),
+    ) -> io::Result<()> {
+        let page = 4096;
+        let mut done = 0usize;
+        while done < len {
+            let (result, filled) = attempt(done);
+            let Err(e) = result else { return Ok(()) };
+            if filled > 0 {
+                done += filled as usize;
+            }
+            match e.raw_os_error() {
+                Some(libc::EEXIST) => done += page,
+                Some(libc::EAGAIN) => on_eagain(),
+                _ => return Err(e),
             }
         }
         Ok(())

@@ -62,7 +62,7 @@ impl PageSource {
                 Some(next)
             }
             _ => {
-                let base = map(EXTENT_SIZE)?;
+                let base = crate::sys::map_anonymous(EXTENT_SIZE).ok()?;
                 inner.extents.push(Extent { base, len: EXTENT_SIZE });
                 // SAFETY: bytes <= 8 pages < EXTENT_SIZE.
                 let after = unsafe { NonNull::new_unchecked(base.as_ptr().add(bytes)) };
@@ -92,25 +92,5 @@ impl Drop for PageSource {
                 libc::munmap(e.base.as_ptr().cast(), e.len);
             }
         }
-    }
-}
-
-fn map(len: usize) -> Option<NonNull<u8>> {
-    // SAFETY: an anonymous private mapping at an address of the kernel's
-    // choosing; the result is checked against MAP_FAILED.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        None
-    } else {
-        NonNull::new(p.cast())
     }
 }

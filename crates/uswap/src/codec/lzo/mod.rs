@@ -47,28 +47,28 @@ pub enum Version {
     Rle,
 }
 
-fn compress_with_context(key: u64, version: Version, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
-    let capacity = shrink_capacity(src, dst);
-    with_context(key, || Some(LzoTable::new()), |table| {
-        compress(src, &mut dst[..capacity], version, table)
-    })
-    .ok_or(CodecError::Internal)?
-    .ok_or(CodecError::DoesNotFit)
-}
-
-fn decompress_exact(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-    decompress(src, dst).map_err(|_| CodecError::Corrupt)
-}
-
-/// The `lzo` codec (LZO1X-1).
+/// The `lzo` (LZO1X-1) and `lzo-rle` codecs: one type, two bitstreams.
 #[derive(Debug)]
 pub struct Lzo {
     key: u64,
+    version: Version,
 }
 
 impl Lzo {
+    /// Plain LZO1X-1 (`lzo`).
     pub fn new() -> Lzo {
-        Lzo { key: new_key() }
+        Lzo {
+            key: new_key(),
+            version: Version::Lzo1x,
+        }
+    }
+
+    /// LZO1X with zero runs (`lzo-rle`, the kernel's default).
+    pub fn rle() -> Lzo {
+        Lzo {
+            key: new_key(),
+            version: Version::Rle,
+        }
     }
 }
 
@@ -80,54 +80,32 @@ impl Default for Lzo {
 
 impl Codec for Lzo {
     fn name(&self) -> &'static str {
-        "lzo"
+        match self.version {
+            Version::Lzo1x => "lzo",
+            Version::Rle => "lzo-rle",
+        }
     }
 
     fn id(&self) -> CodecId {
-        CodecId::Lzo
+        match self.version {
+            Version::Lzo1x => CodecId::Lzo,
+            Version::Rle => CodecId::LzoRle,
+        }
     }
 
     fn compress(&self, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
-        compress_with_context(self.key, Version::Lzo1x, src, dst)
+        let capacity = shrink_capacity(src, dst);
+        let version = self.version;
+        with_context(self.key, || Some(LzoTable::new()), |table| {
+            compress(src, &mut dst[..capacity], version, table)
+        })
+        .ok_or(CodecError::Internal)?
+        .ok_or(CodecError::DoesNotFit)
     }
 
+    /// Both versions decode with one decoder (a version-1 stream announces
+    /// itself in its first two bytes), as in the kernel.
     fn decompress(&self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-        decompress_exact(src, dst)
-    }
-}
-
-/// The `lzo-rle` codec.
-#[derive(Debug)]
-pub struct LzoRle {
-    key: u64,
-}
-
-impl LzoRle {
-    pub fn new() -> LzoRle {
-        LzoRle { key: new_key() }
-    }
-}
-
-impl Default for LzoRle {
-    fn default() -> Self {
-        LzoRle::new()
-    }
-}
-
-impl Codec for LzoRle {
-    fn name(&self) -> &'static str {
-        "lzo-rle"
-    }
-
-    fn id(&self) -> CodecId {
-        CodecId::LzoRle
-    }
-
-    fn compress(&self, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
-        compress_with_context(self.key, Version::Rle, src, dst)
-    }
-
-    fn decompress(&self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-        decompress_exact(src, dst)
+        decompress(src, dst).map_err(|_| CodecError::Corrupt)
     }
 }
