@@ -198,7 +198,7 @@ fn handle_fault(shared: &Shared, fault: FaultMsg, server: &mut dyn Server) -> bo
         // A write to a folio being evicted waits until the reclaimer is done
         // with it (it wakes the folio's range); any other protection is stale.
         if folio::state(f.load()) != EVICTING {
-            let _ = shared.uffd.write_protect(page_of(fault.addr), PAGE_SIZE, false);
+            let _ = shared.uffd.write_protect(page_of(fault.addr), PAGE_SIZE, false, &mut || server.on_eagain());
         }
         return true;
     }

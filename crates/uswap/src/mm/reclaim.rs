@@ -134,7 +134,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
     let mut protected = vec![true; plug.len()];
     for run in runs(plug) {
         let (start, len) = run_range(plug, run);
-        if shared.uffd.write_protect(start, len, true).is_err() {
+        if shared.uffd.write_protect(start, len, true, &mut std::thread::yield_now).is_err() {
             // The range is gone or changing: these folios stay as they were.
             protected[run.0..run.0 + run.1].fill(false);
         }
@@ -213,7 +213,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
             Err(_) => {
                 if was_protected {
                     // Lifting the protection wakes the writers held on it.
-                    let _ = shared.uffd.write_protect(start, fs, false);
+                    let _ = shared.uffd.write_protect(start, fs, false, &mut std::thread::yield_now);
                 } else {
                     let _ = shared.uffd.wake(start, fs);
                 }

@@ -284,8 +284,10 @@ impl Uffd {
     }
 
     /// Write-protects the range (writers then fault and wait), or, with
-    /// `protect` false, lifts the protection and wakes them.
-    pub fn write_protect(&self, start: usize, len: usize, protect: bool) -> io::Result<()> {
+    /// `protect` false, lifts the protection and wakes them. A changing
+    /// mapping (EAGAIN) is retried after `on_eagain` (the event thread must
+    /// read the pending events there: nobody else will).
+    pub fn write_protect(&self, start: usize, len: usize, protect: bool, on_eagain: &mut dyn FnMut()) -> io::Result<()> {
         let mut wp = UffdioWriteprotect {
             range: UffdioRange {
                 start: start as u64,
@@ -295,7 +297,7 @@ impl Uffd {
         };
         loop {
             match self.ioctl(UFFDIO_WRITEPROTECT, &mut wp) {
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => std::thread::yield_now(),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => on_eagain(),
                 other => return other,
             }
         }
