@@ -3,6 +3,7 @@
 //! be reported as a ratio to them.
 
 use super::uffd::{RawMsg, Uffd, EVENT_PAGEFAULT};
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -41,35 +42,46 @@ pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
         let handler = s.spawn(|| {
             let data = vec![0x5au8; unit];
             let mut msgs = [RawMsg::ZERO; 16];
+            let mut pending: VecDeque<RawMsg> = VecDeque::new();
             let mut empty_reads = 0u32;
             while !done.load(Ordering::Acquire) {
-                let mut pfd = libc::pollfd {
-                    fd: scratch.uffd.raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd for the call.
-                if unsafe { libc::poll(&mut pfd, 1, 20) } <= 0 {
-                    continue;
-                }
-                let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
-                if n == 0 {
-                    // Readable but empty: wake the toucher so it refaults
-                    // (see the runtime's event loop).
-                    empty_reads += 1;
-                    if empty_reads % 64 == 0 {
-                        let _ = scratch.uffd.wake(scratch.base, scratch.len);
+                if pending.is_empty() {
+                    let mut pfd = libc::pollfd {
+                        fd: scratch.uffd.raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd for the call.
+                    if unsafe { libc::poll(&mut pfd, 1, 20) } <= 0 {
+                        continue;
                     }
-                    continue;
+                    let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
+                    if n == 0 {
+                        // Readable but empty: wake the toucher so it refaults
+                        // (see the runtime's event loop).
+                        empty_reads += 1;
+                        if empty_reads % 64 == 0 {
+                            let _ = scratch.uffd.wake(scratch.base, scratch.len);
+                        }
+                        continue;
+                    }
+                    empty_reads = 0;
+                    pending.extend(&msgs[..n]);
                 }
-                empty_reads = 0;
-                for m in &msgs[..n] {
+                while let Some(m) = pending.pop_front() {
                     let arg = m.arg;
-                    if m.event == EVENT_PAGEFAULT {
-                        let start = (arg[1] as usize) & !(unit - 1);
-                        let _ = scratch.uffd.copy_dontwake(start, &data);
-                        let _ = scratch.uffd.wake(start, unit);
+                    if m.event != EVENT_PAGEFAULT {
+                        continue;
                     }
+                    let start = (arg[1] as usize) & !(unit - 1);
+                    // As on the runtime's event thread: a changing mapping is
+                    // waited out by reading the event that changes it.
+                    let _ = scratch.uffd.copy_with(start, &data, &mut || {
+                        let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
+                        pending.extend(&msgs[..n]);
+                        std::thread::yield_now();
+                    });
+                    let _ = scratch.uffd.wake(start, unit);
                 }
             }
         });
