@@ -281,6 +281,39 @@ fn mremap_moves_swapped_and_resident_folios_with_the_region() {
 }
 
 #[test]
+fn mremap_of_a_part_that_cuts_folios_keeps_every_byte() {
+    let fs = 64 << 10;
+    let rt = runtime(MIB, fs, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    // Starts and ends inside folios; most of what it covers is swapped out.
+    let (from, len) = (base + 5 * fs + 3 * 4096, 7 * fs + 2 * 4096);
+    // SAFETY: a scratch reservation to move onto, then moving part of our
+    // own region there.
+    let to = unsafe {
+        let t = libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(t, libc::MAP_FAILED);
+        let moved = libc::mremap(from as *mut _, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, t);
+        assert_eq!(moved, t);
+        t as usize
+    };
+    let expect = |addr: usize| ((addr - base) / 8) as u64 ^ 0x5555;
+    for off in (0..len).step_by(8) {
+        // SAFETY: inside the range just moved to `to`.
+        let v = unsafe { std::ptr::read_volatile((to + off) as *const u64) };
+        assert_eq!(v, expect(from + off), "moved word at +{off}");
+    }
+    let w = Words::of(&region);
+    for i in 0..w.count {
+        let addr = base + i * 8;
+        if addr < from || addr >= from + len {
+            assert_eq!(w.read(i), expect(addr), "unmoved word {i}");
+        }
+    }
+}
+
+#[test]
 fn a_region_dropped_while_swapped_frees_everything() {
     let rt = runtime(MIB, 16 << 10, 8, true);
     for _ in 0..3 {

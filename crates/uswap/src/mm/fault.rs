@@ -11,7 +11,7 @@
 //! program called madvise, munmap or mremap on managed memory) are handled
 //! on the event thread, without waiting.
 
-use super::folio::{self, ACTIVE, DROPPED, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
+use super::folio::{self, ACTIVE, DROPPED, EVICTING, GONE, LOADING, MOVED, RESIDENT, SWAPPED, UNTOUCHED};
 use super::region::RegionInner;
 use super::uffd::{RawMsg, EVENT_PAGEFAULT, EVENT_REMAP, EVENT_REMOVE, EVENT_UNMAP, PAGEFAULT_FLAG_WP};
 use super::{FaultMsg, FolioRef, Shared, PAGE_SIZE};
@@ -185,8 +185,12 @@ fn with_buf<R>(cell: &'static std::thread::LocalKey<RefCell<Vec<u8>>>, size: usi
 /// the fault must (a filler then takes it).
 fn handle_fault(shared: &Shared, fault: FaultMsg, server: &mut dyn Server) -> bool {
     let Some((region, i)) = shared.lookup(fault.addr) else {
-        // Not ours (any more): let the thread retry against the kernel.
-        let _ = shared.uffd.wake(page_of(fault.addr), PAGE_SIZE);
+        // Registered memory no region tracks (part of a region the program
+        // moved with a cut through folios): fresh anonymous memory reads as
+        // zero.
+        let page = page_of(fault.addr);
+        let _ = shared.uffd.zeropage_with(page, PAGE_SIZE, &mut || server.on_eagain());
+        let _ = shared.uffd.wake(page, PAGE_SIZE);
         return true;
     };
     let f = &region.folios[i];
@@ -466,9 +470,7 @@ fn on_remap(shared: &Shared, from: usize, to: usize, len: usize, ev: &mut EventT
     }
     let fs = region.folio_size;
     if (from - region.base()) % fs != 0 || len % fs != 0 {
-        // A move that cuts folios cannot be followed: the folios it touches
-        // lose their slots and read as zero.
-        on_remove(shared, from, from + len, true, ev);
+        follow_cutting_move(shared, &region, from, to, len, ev);
         return;
     }
     let first = (from - region.base()) / fs;
@@ -506,6 +508,55 @@ fn on_remap(shared: &Shared, from: usize, to: usize, len: usize, ev: &mut EventT
         }
     }
     shared.regions.write().expect("regions lock").push(moved);
+}
+
+/// A move that cuts through folios: the moved pages leave the folio
+/// bookkeeping (they stay resident, untracked, at their new place). Swapped
+/// folios it touches are brought back page by page, each page installed
+/// where it now lives; a folio being evicted keeps its pages in place.
+fn follow_cutting_move(shared: &Shared, region: &RegionInner, from: usize, to: usize, len: usize, ev: &mut EventThread<'_>) {
+    let fs = region.folio_size;
+    let mut i = region.folio_of(from);
+    while i < region.folios.len() && region.folio_addr(i) < from + len {
+        let f = &region.folios[i];
+        let start = region.folio_addr(i);
+        loop {
+            let w = f.load();
+            match folio::state(w) {
+                // A filler finishes a load without this thread.
+                LOADING => std::thread::yield_now(),
+                // The reclaimer may be waiting for this thread: do not wait.
+                EVICTING => {
+                    f.set_flag(MOVED);
+                    break;
+                }
+                SWAPPED => {
+                    if !f.transition(w, LOADING) {
+                        continue;
+                    }
+                    let ok = with_buf(&FOLIO_BUF, fs, |buf| {
+                        if shared.store.load(region.slots_of(w), buf).is_err() {
+                            return false;
+                        }
+                        for (k, page) in buf.chunks(PAGE_SIZE).enumerate() {
+                            let old = start + k * PAGE_SIZE;
+                            let now = if old >= from && old < from + len { to + (old - from) } else { old };
+                            let _ = shared.uffd.copy_with(now, page, &mut || ev.on_eagain());
+                        }
+                        true
+                    });
+                    if ok {
+                        make_resident(shared, region, i);
+                    } else {
+                        f.set(w);
+                    }
+                    break;
+                }
+                _ => break,
+            }
+        }
+        i += 1;
+    }
 }
 
 impl Shared {

@@ -33,6 +33,10 @@ pub const ACTIVE: u64 = 1 << 3;
 /// The program dropped the folio (MADV_DONTNEED) while it was busy: its
 /// owner discards what it was doing instead of publishing it.
 pub const DROPPED: u64 = 1 << 4;
+/// The program moved part of the folio away (mremap) while the reclaimer
+/// was evicting it: the reclaimer leaves the pages where they are and
+/// discards what it stored.
+pub const MOVED: u64 = 1 << 5;
 const SLOT_SHIFT: u32 = 32;
 
 pub fn state(word: u64) -> u64 {

@@ -17,7 +17,7 @@
 //! copy so that a range the program unmapped or moved meanwhile is an error
 //! to handle, not a crash.
 
-use super::folio::{self, ACTIVE, DROPPED, EVICTING, GONE, RESIDENT, UNTOUCHED};
+use super::folio::{self, ACTIVE, DROPPED, EVICTING, GONE, MOVED, RESIDENT, UNTOUCHED};
 use super::region::RegionInner;
 use super::{FolioRef, Shared};
 use std::sync::atomic::Ordering;
@@ -157,8 +157,13 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
     };
     shared.counters.reclaim_batches.fetch_add(1, Ordering::Relaxed);
 
-    // Drop the stored folios, a run of adjacent ones at a time.
-    let stored: Vec<bool> = results.iter().map(|r| r.is_ok()).collect();
+    // Drop the stored folios, a run of adjacent ones at a time (not those
+    // the program has partly moved away meanwhile).
+    let stored: Vec<bool> = results
+        .iter()
+        .zip(plug.iter())
+        .map(|(r, v)| r.is_ok() && v.region.folios[v.folio].load() & MOVED == 0)
+        .collect();
     let mut k = 0;
     while k < plug.len() {
         if !stored[k] {
@@ -188,11 +193,20 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
     }
 
     let mut progress = false;
-    for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
+    for (((v, result), was_protected), dropped_here) in plug.drain(..).zip(results).zip(protected).zip(stored) {
         let region = &v.region;
         let f = &region.folios[v.folio];
         let start = region.folio_addr(v.folio);
         let fs = region.folio_size;
+        let result = match result {
+            // Stored, but its pages were kept in place: the copy is void.
+            Ok(range) if !dropped_here => {
+                shared.store.invalidate(range);
+                f.clear_flag(MOVED);
+                Err(crate::zswap::StoreError::Io)
+            }
+            other => other,
+        };
         match result {
             Ok(range) => {
                 let clock = shared.evictions.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
