@@ -314,6 +314,40 @@ fn mremap_of_a_part_that_cuts_folios_keeps_every_byte() {
 }
 
 #[test]
+fn a_managed_mapping_is_paged_and_given_back_intact() {
+    let fs = 64 << 10;
+    let len = 8 * MIB;
+    // SAFETY: a fresh private anonymous mapping of our own, aligned to the
+    // folio size by over-mapping.
+    let base = unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len + fs, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        (p as usize).next_multiple_of(fs)
+    };
+    let words = Words { base, count: len / 8 };
+    for i in 0..words.count {
+        words.write(i, i as u64 * 3);
+    }
+    let rt = runtime(MIB, fs, 8, false);
+    // SAFETY: the mapping above stays mapped until after the region is dropped.
+    let region = unsafe { rt.manage(base as *mut u8, len) }.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rt.stats().evicted_folios == 0 && std::time::Instant::now() < deadline {
+        rt.reclaim_now();
+        std::thread::yield_now();
+    }
+    assert!(rt.stats().evicted_folios > 0, "nothing of the managed mapping was evicted");
+    for i in (0..words.count).step_by(97) {
+        assert_eq!(words.read(i), i as u64 * 3, "word {i} while managed");
+    }
+    drop(region);
+    // No longer managed: every byte is back in the caller's mapping.
+    for i in 0..words.count {
+        assert_eq!(words.read(i), i as u64 * 3, "word {i} after the region was dropped");
+    }
+}
+
+#[test]
 fn a_region_dropped_while_swapped_frees_everything() {
     let rt = runtime(MIB, 16 << 10, 8, true);
     for _ in 0..3 {
