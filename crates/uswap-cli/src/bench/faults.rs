@@ -97,10 +97,11 @@ fn measure_floors(pages: &[u8]) -> Result<Floors, String> {
         lz4_decompress(c, &mut out).map_err(|e| e.to_string())?;
         dec.push(t.elapsed().as_nanos() as u64);
     }
+    let probe = floor::Probe::new().map_err(e)?;
     Ok(Floors {
-        roundtrip_4k_us: p50_us(floor::roundtrip_ns(PAGE_SIZE, 4000).map_err(e)?),
-        roundtrip_64k_us: p50_us(floor::roundtrip_ns(64 << 10, 1000).map_err(e)?),
-        uffdio_copy_4k_us: p50_us(floor::uffdio_copy_ns(PAGE_SIZE, 4000).map_err(e)?),
+        roundtrip_4k_us: p50_us(floor::roundtrip_ns(&probe, PAGE_SIZE, 4000).map_err(e)?),
+        roundtrip_64k_us: p50_us(floor::roundtrip_ns(&probe, 64 << 10, 1000).map_err(e)?),
+        uffdio_copy_4k_us: p50_us(floor::uffdio_copy_ns(&probe, PAGE_SIZE, 4000).map_err(e)?),
         decompress_4k_us: p50_us(dec),
     })
 }

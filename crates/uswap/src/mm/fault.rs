@@ -23,8 +23,6 @@ use std::time::Duration;
 
 const POLL_TIMEOUT_MS: i32 = 50;
 const MAX_MESSAGES: usize = 64;
-/// Readable-but-empty polls in a row after which waiting threads are woken.
-const STUCK_READS: u32 = 64;
 
 fn bump(counter: &std::sync::atomic::AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
@@ -89,7 +87,6 @@ pub(crate) fn event_loop(shared: &Shared) {
         backlog: VecDeque::new(),
         buf: Box::new([RawMsg::ZERO; MAX_MESSAGES]),
     };
-    let mut empty_reads = 0u32;
     while !shared.shutdown.load(Ordering::Acquire) {
         if ev.backlog.is_empty() {
             let mut pfd = libc::pollfd {
@@ -101,18 +98,7 @@ pub(crate) fn event_loop(shared: &Shared) {
             if unsafe { libc::poll(&mut pfd, 1, POLL_TIMEOUT_MS) } <= 0 {
                 continue;
             }
-            if ev.read_pending() == 0 {
-                // Readable, yet nothing to read: a fault can sit in the
-                // kernel's queue in a state that read skips. Waking every
-                // managed range makes such a thread retry its access, which
-                // raises a fresh, readable fault.
-                empty_reads += 1;
-                if empty_reads % STUCK_READS == 0 {
-                    wake_all_regions(shared);
-                }
-                continue;
-            }
-            empty_reads = 0;
+            ev.read_pending();
         }
         while let Some(msg) = ev.backlog.pop_front() {
             let arg = msg.arg;
@@ -136,12 +122,6 @@ pub(crate) fn event_loop(shared: &Shared) {
                 _ => {}
             }
         }
-    }
-}
-
-fn wake_all_regions(shared: &Shared) {
-    for r in shared.regions.read().expect("regions lock").iter() {
-        let _ = shared.uffd.wake(r.base(), r.len);
     }
 }
 

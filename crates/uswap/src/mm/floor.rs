@@ -8,23 +8,35 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// A private anonymous mapping registered with a fresh userfaultfd.
-struct Scratch {
+/// One userfaultfd for all floor measurements.
+pub struct Probe {
     uffd: Uffd,
+}
+
+/// A private anonymous mapping registered with the probe's userfaultfd.
+struct Scratch<'a> {
+    uffd: &'a Uffd,
     base: usize,
     len: usize,
 }
 
-impl Scratch {
-    fn new(len: usize) -> io::Result<Scratch> {
+impl Probe {
+    pub fn new() -> io::Result<Probe> {
+        Ok(Probe { uffd: Uffd::open()? })
+    }
+
+    fn scratch(&self, len: usize) -> io::Result<Scratch<'_>> {
         let base = crate::sys::map_anonymous(len)?.as_ptr() as usize;
-        let uffd = Uffd::open()?;
-        uffd.register(base, len)?;
-        Ok(Scratch { uffd, base, len })
+        self.uffd.register(base, len)?;
+        Ok(Scratch {
+            uffd: &self.uffd,
+            base,
+            len,
+        })
     }
 }
 
-impl Drop for Scratch {
+impl Drop for Scratch<'_> {
     fn drop(&mut self) {
         let _ = self.uffd.unregister(self.base, self.len);
         // SAFETY: our own mapping, unmapped once.
@@ -35,15 +47,14 @@ impl Drop for Scratch {
 /// Latencies (ns) of `count` first touches, each served by a handler thread
 /// that installs a whole `unit` with one UFFDIO_COPY and wakes the toucher:
 /// the bare round trip a store-backed fault cannot beat.
-pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
-    let scratch = Scratch::new(unit * count)?;
+pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<u64>> {
+    let scratch = probe.scratch(unit * count)?;
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let handler = s.spawn(|| {
             let data = vec![0x5au8; unit];
             let mut msgs = [RawMsg::ZERO; 16];
             let mut pending: VecDeque<RawMsg> = VecDeque::new();
-            let mut empty_reads = 0u32;
             while !done.load(Ordering::Acquire) {
                 if pending.is_empty() {
                     let mut pfd = libc::pollfd {
@@ -56,16 +67,6 @@ pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
                         continue;
                     }
                     let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
-                    if n == 0 {
-                        // Readable but empty: wake the toucher so it refaults
-                        // (see the runtime's event loop).
-                        empty_reads += 1;
-                        if empty_reads % 64 == 0 {
-                            let _ = scratch.uffd.wake(scratch.base, scratch.len);
-                        }
-                        continue;
-                    }
-                    empty_reads = 0;
                     pending.extend(&msgs[..n]);
                 }
                 while let Some(m) = pending.pop_front() {
@@ -73,7 +74,9 @@ pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
                     if m.event != EVENT_PAGEFAULT {
                         continue;
                     }
-                    let start = (arg[1] as usize) & !(unit - 1);
+                    // Units are counted from the scratch base, which the
+                    // kernel aligned to a page only.
+                    let start = scratch.base + (arg[1] as usize - scratch.base) / unit * unit;
                     // As on the runtime's event thread: a changing mapping is
                     // waited out by reading the event that changes it.
                     let _ = scratch.uffd.copy_with(start, &data, &mut || {
@@ -102,8 +105,8 @@ pub fn roundtrip_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
 }
 
 /// Latencies (ns) of UFFDIO_COPY alone, `count` installs of `unit` bytes.
-pub fn uffdio_copy_ns(unit: usize, count: usize) -> io::Result<Vec<u64>> {
-    let scratch = Scratch::new(unit * count)?;
+pub fn uffdio_copy_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<u64>> {
+    let scratch = probe.scratch(unit * count)?;
     let data = vec![0x5au8; unit];
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
