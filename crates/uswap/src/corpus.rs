@@ -53,7 +53,7 @@ impl Workload {
         let mut i = 0;
         while i + pages <= self.records.len() {
             let first = self.records[i];
-            let whole = first.vaddr % folio_size as u64 == 0
+            let whole = first.vaddr.is_multiple_of(folio_size as u64)
                 && (1..pages).all(|k| {
                     let r = self.records[i + k];
                     r.vaddr == first.vaddr + (k * PAGE_SIZE) as u64 && r.pid == first.pid && r.mapping == first.mapping

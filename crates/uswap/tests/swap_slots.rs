@@ -54,6 +54,17 @@ fn churn(mode: FreeMode, hold_worker: bool) {
         for t in 0..4 {
             let (allocator, releaser, seen) = (&allocator, &releaser, &seen);
             s.spawn(move || {
+                // Forgets a run in the shared record, then releases it.
+                let give_back = |(first, n): (u32, usize)| {
+                    let mut seen = seen.lock().unwrap();
+                    for s in first..first + n as u32 {
+                        seen.remove(&s);
+                    }
+                    drop(seen);
+                    for s in first..first + n as u32 {
+                        releaser.release(s);
+                    }
+                };
                 let mut held: Vec<(u32, usize)> = Vec::new();
                 for i in 0..3000usize {
                     let order = [0usize, 0, 0, 2, 4][(i + t) % 5];
@@ -65,27 +76,10 @@ fn churn(mode: FreeMode, hold_worker: bool) {
                         held.push((first, 1 << order));
                     }
                     if held.len() > 40 || (i % 3 == 0 && !held.is_empty()) {
-                        let (first, n) = held.remove(0);
-                        let mut seen = seen.lock().unwrap();
-                        for s in first..first + n as u32 {
-                            seen.remove(&s);
-                        }
-                        drop(seen);
-                        for s in first..first + n as u32 {
-                            releaser.release(s);
-                        }
+                        give_back(held.remove(0));
                     }
                 }
-                for (first, n) in held {
-                    let mut seen = seen.lock().unwrap();
-                    for s in first..first + n as u32 {
-                        seen.remove(&s);
-                    }
-                    drop(seen);
-                    for s in first..first + n as u32 {
-                        releaser.release(s);
-                    }
-                }
+                held.into_iter().for_each(give_back);
             });
         }
     });

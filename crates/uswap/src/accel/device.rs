@@ -307,6 +307,9 @@ pub struct Ticket(usize);
 pub struct Scope<'env> {
     device: &'env Device,
     group: Box<Group>,
+    // Boxed: engines hold pointers to the cells, so a cell must not move
+    // when the vector grows.
+    #[allow(clippy::vec_box)]
     cells: RefCell<Vec<Box<Cell>>>,
 }
 

@@ -37,7 +37,7 @@ pub fn header_len(n: usize) -> usize {
 }
 
 fn valid_segments(n: usize, len: usize) -> bool {
-    n.is_power_of_two() && n <= MAX_SEGMENTS && len > 0 && len % n == 0 && len <= RAW_FLAG as usize - 1
+    n.is_power_of_two() && n <= MAX_SEGMENTS && len > 0 && len.is_multiple_of(n) && len < RAW_FLAG as usize
 }
 
 thread_local! {

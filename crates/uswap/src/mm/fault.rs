@@ -449,7 +449,7 @@ fn on_remap(shared: &Shared, from: usize, to: usize, len: usize, ev: &mut EventT
         return;
     }
     let fs = region.folio_size;
-    if (from - region.base()) % fs != 0 || len % fs != 0 {
+    if !(from - region.base()).is_multiple_of(fs) || !len.is_multiple_of(fs) {
         follow_cutting_move(shared, &region, from, to, len, ev);
         return;
     }

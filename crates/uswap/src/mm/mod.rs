@@ -441,7 +441,7 @@ impl Runtime {
     pub unsafe fn manage(&self, ptr: *mut u8, len: usize) -> io::Result<Region> {
         let fs = self.shared.config.folio_size;
         let base = ptr as usize;
-        if base % fs != 0 || len % fs != 0 || len == 0 {
+        if !base.is_multiple_of(fs) || !len.is_multiple_of(fs) || len == 0 {
             return Err(invalid("manage: the range must be whole, aligned folios"));
         }
         self.register(base, len, folio::RESIDENT, false)

@@ -97,7 +97,7 @@ impl Inner {
     /// Checks the folio's shape and gives it a contiguous run of slots.
     fn plan(&self, folio: &[u8]) -> Result<FolioPlan, StoreError> {
         let pages = folio.len() / PAGE_SIZE;
-        if folio.len() % PAGE_SIZE != 0 || !pages.is_power_of_two() || pages > MAX_FOLIO_PAGES {
+        if !folio.len().is_multiple_of(PAGE_SIZE) || !pages.is_power_of_two() || pages > MAX_FOLIO_PAGES {
             return Err(StoreError::BadFolio);
         }
         let order = pages.trailing_zeros() as usize;
