@@ -11,7 +11,7 @@ use std::io;
 use std::path::Path;
 
 /// Bytes per page in a corpus.
-pub const PAGE_SIZE: usize = 4096;
+pub use crate::page::PAGE_SIZE;
 const RECORD_SIZE: usize = 32;
 
 /// What the index says of one page.

@@ -23,5 +23,6 @@ pub mod mm;
 pub mod size;
 pub mod swap;
 mod sys;
+pub mod page;
 pub mod zpool;
 pub mod zswap;

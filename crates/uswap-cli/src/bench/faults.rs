@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use uswap::codec::lz4::{lz4_decompress, Lz4State};
 use uswap::corpus::{self, PAGE_SIZE};
-use uswap::mm::{floor, Runtime, RuntimeConfig};
+use super::floor;
+use uswap::mm::{Runtime, RuntimeConfig};
 use uswap::size::format_size;
 use uswap::swap::FreeMode;
 

@@ -3,6 +3,7 @@
 
 pub mod codecs;
 pub mod faults;
+pub mod floor;
 pub mod store;
 
 use indicatif::{ProgressBar, ProgressStyle};

@@ -1,71 +1,119 @@
-//! The fault side: the event thread that reads the userfaultfd, and the
-//! filler threads that serve the faults it cannot.
+//! Fault service: the event thread that reads every address space's
+//! userfaultfd, and the filler threads that take the faults it must not
+//! wait for.
 //!
-//! The event thread must stay able to read the descriptor: the reclaimer's
-//! own MADV_DONTNEED blocks until its REMOVE event is read, and while any
-//! non-cooperative event is unread, UFFDIO_COPY answers EAGAIN. So the event
-//! thread serves a fault itself only when nothing has to wait for reclaim,
-//! and when an install meets EAGAIN it reads the pending events (keeping
-//! them for later) before it retries. Faults that would wait for reclaim
-//! (throttling) go to the fillers. REMOVE, UNMAP and REMAP events (the
-//! program called madvise, munmap or mremap on managed memory) are handled
-//! on the event thread, without waiting.
+//! The event thread must stay able to read: the reclaimer's MADV_DONTNEED
+//! and the program's madvise, munmap, mremap and fork block until their
+//! event is read, and while one is unread every install in that address
+//! space answers EAGAIN. So the event thread serves a fault itself only when
+//! nothing has to wait for reclaim, reads the pending events whenever one of
+//! its own installs meets EAGAIN, and hands faults that would wait
+//! (throttling) to the fillers.
+//!
+//! Every read happens under the event gate's write side, and the
+//! non-fault events read are applied to the bookkeeping before the gate is
+//! released ([`super::events`]); faults are queued and served after.
 
-use super::folio::{self, ACTIVE, DROPPED, EVICTING, GONE, LOADING, MOVED, RESIDENT, SWAPPED, UNTOUCHED};
-use super::region::RegionInner;
-use super::uffd::{RawMsg, EVENT_PAGEFAULT, EVENT_REMAP, EVENT_REMOVE, EVENT_UNMAP, PAGEFAULT_FLAG_WP};
-use super::{FaultMsg, FolioRef, Shared, PAGE_SIZE};
-use std::cell::RefCell;
+use super::events::{self, FollowUp};
+use super::folio::{self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING};
+use super::space::{Owner, Space};
+use super::swapin::{self, Server, SwappedIn, Worker};
+use super::uffd::{Event, Partial, UffdError};
+use super::Shared;
+use crate::page::{page_floor, PAGE_SIZE};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const POLL_TIMEOUT_MS: i32 = 50;
-const MAX_MESSAGES: usize = 64;
+/// How often the event thread checks that forked children still exist.
+const CHILD_CHECK: Duration = Duration::from_millis(100);
+
+/// One page fault, with the address space it happened in.
+pub(crate) struct Fault {
+    space: Arc<Space>,
+    addr: usize,
+    wp: bool,
+    tid: u32,
+}
 
 fn bump(counter: &std::sync::atomic::AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-fn page_of(addr: usize) -> usize {
-    addr & !(PAGE_SIZE - 1)
-}
-
-/// The thread serving a fault: what it may do while it does.
-trait Server {
-    /// Whether it may wait for reclaim.
-    fn may_wait(&self) -> bool;
-    /// Called when an install meets a changing mapping (EAGAIN).
-    fn on_eagain(&mut self);
-}
-
-/// A filler thread: may wait; the event thread will read what is pending.
-struct Filler;
-
-impl Server for Filler {
-    fn may_wait(&self) -> bool {
-        true
-    }
-
-    fn on_eagain(&mut self) {
-        std::thread::yield_now();
-    }
-}
-
-/// The event thread, with the messages it has read but not yet handled.
+/// The event thread, with the faults it has read but not yet served.
 struct EventThread<'a> {
     shared: &'a Shared,
-    backlog: VecDeque<RawMsg>,
-    buf: Box<[RawMsg; MAX_MESSAGES]>,
+    backlog: VecDeque<Fault>,
+    follow_ups: Vec<FollowUp>,
+    events: Vec<Event>,
 }
 
 impl EventThread<'_> {
-    /// Reads whatever is pending into the backlog; returns how many.
+    /// Reads every live space's pending events under the gate's write side,
+    /// applies the non-fault ones and queues the faults; returns how many
+    /// events it read.
     fn read_pending(&mut self) -> usize {
-        let n = self.shared.uffd.read_messages(&mut self.buf[..]).unwrap_or(0);
-        self.backlog.extend(&self.buf[..n]);
-        n
+        let shared = self.shared;
+        let _gate = shared.gate.write().expect("event gate");
+        shared.forget_returned_drops();
+        let spaces: Vec<Arc<Space>> = shared.spaces.read().expect("spaces lock").clone();
+        let mut read = 0;
+        for space in spaces {
+            if !space.alive.load(Ordering::Acquire) {
+                continue;
+            }
+            self.events.clear();
+            match space.uffd.read_events(&mut self.events) {
+                Ok(n) => read += n,
+                Err(UffdError::ProcessGone) => continue,
+                Err(e) => panic!("reading userfaultfd events: {e}"),
+            }
+            for event in self.events.drain(..) {
+                match event {
+                    Event::PageFault { addr, wp, tid, .. } => self.backlog.push_back(Fault {
+                        space: space.clone(),
+                        addr,
+                        wp,
+                        tid,
+                    }),
+                    Event::Remove { start, end } => {
+                        if !shared.is_own_drop(&space, start, end) {
+                            events::on_remove(shared, &space, start, end);
+                        }
+                    }
+                    Event::Unmap { start, end } => events::on_unmap(shared, &space, start, end),
+                    Event::Remap { from, to, len } => events::on_remap(shared, &space, from, to, len, &mut self.follow_ups),
+                    Event::Fork { child } => {
+                        let child = events::on_fork(shared, &space, child);
+                        shared.spaces.write().expect("spaces lock").push(child);
+                    }
+                }
+            }
+        }
+        read
+    }
+
+    /// Releases children that have exited or exec'd.
+    fn reap_children(&mut self) {
+        let shared = self.shared;
+        let gone: Vec<Arc<Space>> = shared
+            .spaces
+            .read()
+            .expect("spaces lock")
+            .iter()
+            .filter(|s| s.owner == Owner::Child && !s.uffd.is_alive())
+            .cloned()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let _gate = shared.gate.write().expect("event gate");
+        for space in &gone {
+            events::release_space(shared, space);
+        }
+        shared.spaces.write().expect("spaces lock").retain(|s| !gone.iter().any(|g| g.id == s.id));
     }
 }
 
@@ -75,7 +123,8 @@ impl Server for EventThread<'_> {
     }
 
     fn on_eagain(&mut self) {
-        // The event that makes the mapping change may be waiting for us.
+        // The event that makes the address space change may be waiting for
+        // this thread.
         self.read_pending();
         std::thread::yield_now();
     }
@@ -85,41 +134,38 @@ pub(crate) fn event_loop(shared: &Shared) {
     let mut ev = EventThread {
         shared,
         backlog: VecDeque::new(),
-        buf: Box::new([RawMsg::ZERO; MAX_MESSAGES]),
+        follow_ups: Vec::new(),
+        events: Vec::new(),
     };
+    let mut checked = Instant::now();
+    let mut pollfds: Vec<libc::pollfd> = Vec::new();
     while !shared.shutdown.load(Ordering::Acquire) {
-        if ev.backlog.is_empty() {
-            let mut pfd = libc::pollfd {
-                fd: shared.uffd.raw_fd(),
+        if checked.elapsed() >= CHILD_CHECK {
+            ev.reap_children();
+            checked = Instant::now();
+        }
+        if ev.backlog.is_empty() && ev.follow_ups.is_empty() {
+            pollfds.clear();
+            pollfds.extend(shared.spaces.read().expect("spaces lock").iter().map(|s| libc::pollfd {
+                fd: s.uffd.raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
-            };
-            // SAFETY: one valid pollfd for the duration of the call.
-            if unsafe { libc::poll(&mut pfd, 1, POLL_TIMEOUT_MS) } <= 0 {
+            }));
+            // SAFETY: `pollfds` is a valid array of its length for the call.
+            if unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, POLL_TIMEOUT_MS) } <= 0 {
                 continue;
             }
             ev.read_pending();
         }
-        while let Some(msg) = ev.backlog.pop_front() {
-            let arg = msg.arg;
-            match msg.event {
-                EVENT_PAGEFAULT => {
-                    let fault = FaultMsg {
-                        addr: arg[1] as usize,
-                        flags: arg[0],
-                        tid: arg[2] as u32,
-                    };
-                    bump(&shared.counters.faults);
-                    if !handle_fault(shared, fault, &mut ev) {
-                        let (queue, cv) = &shared.faults;
-                        queue.lock().expect("fault queue lock").push_back(fault);
-                        cv.notify_one();
-                    }
-                }
-                EVENT_REMOVE => on_remove(shared, arg[0] as usize, arg[1] as usize, false, &mut ev),
-                EVENT_UNMAP => on_remove(shared, arg[0] as usize, arg[1] as usize, true, &mut ev),
-                EVENT_REMAP => on_remap(shared, arg[0] as usize, arg[1] as usize, arg[2] as usize, &mut ev),
-                _ => {}
+        for fu in std::mem::take(&mut ev.follow_ups) {
+            swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut ev);
+        }
+        while let Some(fault) = ev.backlog.pop_front() {
+            bump(&shared.counters.faults);
+            if !handle_fault(shared, &fault, &mut ev) {
+                let (queue, cv) = &shared.faults;
+                queue.lock().expect("fault queue lock").push_back(fault);
+                cv.notify_one();
             }
         }
     }
@@ -140,156 +186,122 @@ pub(crate) fn filler_loop(shared: &Shared) {
                 q = cv.wait_timeout(q, Duration::from_millis(100)).expect("fault queue lock").0;
             }
         };
-        handle_fault(shared, fault, &mut Filler);
+        handle_fault(shared, &fault, &mut Worker);
     }
 }
 
-thread_local! {
-    /// One folio's worth of data being loaded.
-    static FOLIO_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// A folio of zeros, the source of first-touch installs.
-    static ZERO_FOLIO: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
+/// A page of zeros.
+static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
 
-fn with_buf<R>(cell: &'static std::thread::LocalKey<RefCell<Vec<u8>>>, size: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    cell.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < size {
-            b.resize(size, 0);
+/// Fills one missing page with zeros (write-protected with `wp`) and wakes
+/// its waiters; a page already there is left alone.
+fn zero_page(space: &Space, page: usize, wp: bool, server: &mut dyn Server) {
+    loop {
+        match space.uffd.copy(page, &ZERO_PAGE, wp) {
+            Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => break,
+            Err(Partial { error: UffdError::Again, .. }) => server.on_eagain(),
+            Err(p) => panic!("installing a zero page at {page:#x}: {}", p.error),
         }
-        f(&mut b[..size])
-    })
+    }
+    swapin::wake_range(space, page, PAGE_SIZE);
 }
 
 /// Serves one page fault. Returns false when the server may not wait and
 /// the fault must (a filler then takes it).
-fn handle_fault(shared: &Shared, fault: FaultMsg, server: &mut dyn Server) -> bool {
-    let Some((region, i)) = shared.lookup(fault.addr) else {
-        // Registered memory no region tracks (part of a region the program
-        // moved with a cut through folios): fresh anonymous memory reads as
-        // zero.
-        let page = page_of(fault.addr);
-        let _ = shared.uffd.zeropage_with(page, PAGE_SIZE, &mut || server.on_eagain());
-        let _ = shared.uffd.wake(page, PAGE_SIZE);
+fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool {
+    let space = &*fault.space;
+    let page = page_floor(fault.addr);
+    let Some((region, i)) = space.lookup(fault.addr) else {
+        // Registered memory no region tracks (moved out of a region by a
+        // cut, or grown by mremap): fresh anonymous memory reads as zero,
+        // and a stale write protection is lifted.
+        if fault.wp {
+            unprotect(space, page, server);
+        } else {
+            zero_page(space, page, false, server);
+        }
         return true;
     };
     let f = &region.folios[i];
-    let start = region.folio_addr(i);
-    let fs = region.folio_size;
-
-    if fault.flags & PAGEFAULT_FLAG_WP != 0 {
+    if fault.wp {
         bump(&shared.counters.wp_faults);
         // A write to a folio being evicted waits until the reclaimer is done
-        // with it (it wakes the folio's range); any other protection is stale.
+        // with it (it wakes the folio's range); any other protection is
+        // stale (a child's copy of a page its parent was evicting).
         if folio::state(f.load()) != EVICTING {
-            let _ = shared.uffd.write_protect(page_of(fault.addr), PAGE_SIZE, false, &mut || server.on_eagain());
+            unprotect(space, page, server);
         }
         return true;
     }
-
+    let own = space.owner == Owner::Runtime;
     loop {
         let w = f.load();
         match folio::state(w) {
             UNTOUCHED | SWAPPED => {
-                if must_throttle(shared, fs) {
+                if own && must_throttle(shared, region.folio_size) {
                     if !server.may_wait() {
                         return false;
                     }
-                    throttle(shared, fs);
-                }
-                if !f.transition(w, LOADING) {
-                    continue;
+                    throttle(shared, region.folio_size);
                 }
                 if folio::state(w) == UNTOUCHED {
-                    // Real zeroed pages rather than the shared zero page: the
-                    // first write to a zero-page mapping is a copy-on-write
-                    // fault whose TLB flush interrupts every CPU running this
-                    // process, which costs more than the copy.
-                    let _ = with_buf(&ZERO_FOLIO, fs, |zeros| shared.uffd.copy_with(start, zeros, &mut || server.on_eagain()));
-                    make_resident(shared, &region, i);
-                    bump(&shared.counters.zero_fills);
-                } else if swap_in(shared, &region, i, w, server) {
-                    shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
-                    readahead(shared, &region, i, server);
-                } else {
-                    // Unusable stored data: the kernel's answer is SIGBUS for
-                    // the faulting thread, never wrong bytes.
-                    f.set(w);
-                    bump(&shared.counters.sigbus);
-                    send_sigbus(fault.tid);
+                    if f.transition(w, ZEROING | (w & folio::EXTRA)) {
+                        swapin::zero_fill(shared, space, &region, i, server);
+                        return true;
+                    }
+                } else if f.transition(w, folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA)) {
+                    if swapin::swap_in(shared, space, &region, i, server) == SwappedIn::Done && own {
+                        readahead(shared, space, &region, i, server);
+                    }
                     return true;
                 }
-                let _ = shared.uffd.wake(start, fs);
+            }
+            // A page inside a resident (or untracked) folio that the program
+            // dropped: it reads as zero.
+            RESIDENT | GONE => {
+                zero_page(space, page, false, server);
                 return true;
             }
-            RESIDENT => {
-                // A page inside a resident folio that the program dropped
-                // (MADV_DONTNEED), or that the reclaimer reads while copying
-                // a folio out: it reads as zero.
-                let page = page_of(fault.addr);
-                let _ = shared.uffd.zeropage_with(page, PAGE_SIZE, &mut || server.on_eagain());
-                let _ = shared.uffd.wake(page, PAGE_SIZE);
-                return true;
-            }
+            // The reclaimer copying out a folio with a hole in it: the zero
+            // page it gets is write-protected like the rest of the folio, so
+            // a write racing the eviction waits instead of being dropped.
             EVICTING if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) => {
-                // The reclaimer copying out a folio with a hole in it.
-                let page = page_of(fault.addr);
-                let _ = shared.uffd.zeropage_with(page, PAGE_SIZE, &mut || server.on_eagain());
-                let _ = shared.uffd.wake(page, PAGE_SIZE);
+                zero_page(space, page, true, server);
+                return true;
+            }
+            POISONED => {
+                loop {
+                    match space.uffd.poison(page, PAGE_SIZE) {
+                        Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => break,
+                        Err(Partial { error: UffdError::Again, .. }) => server.on_eagain(),
+                        Err(p) => panic!("poisoning {page:#x}: {}", p.error),
+                    }
+                }
+                swapin::wake_range(space, page, PAGE_SIZE);
                 return true;
             }
             // Busy folios: their owner wakes the range when done, and this
             // thread's fault is retried then.
-            EVICTING | LOADING => return true,
-            _ => {
-                let _ = shared.uffd.wake(page_of(fault.addr), PAGE_SIZE);
-                return true;
-            }
+            EVICTING | LOADING | ZEROING | INHERITING => return true,
+            other => unreachable!("folio state {other}"),
         }
     }
 }
 
-/// Loads a swapped folio (owned as LOADING) and installs it. False when the
-/// store could not produce it.
-fn swap_in(shared: &Shared, region: &RegionInner, i: usize, word: u64, server: &mut dyn Server) -> bool {
-    let range = region.slots_of(word);
-    let start = region.folio_addr(i);
-    with_buf(&FOLIO_BUF, region.folio_size, |buf| {
-        if shared.store.load(range, buf).is_err() {
-            return false;
+/// Lifts a stale write protection from one page (which wakes its waiters).
+fn unprotect(space: &Space, page: usize, server: &mut dyn Server) {
+    loop {
+        match space.uffd.write_protect(page, PAGE_SIZE, false) {
+            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => return,
+            Err(UffdError::Again) => server.on_eagain(),
+            Err(e) => panic!("lifting write protection at {page:#x}: {e}"),
         }
-        let _ = shared.uffd.copy_with(start, buf, &mut || server.on_eagain());
-        // A refault soon after eviction (distance shorter than what fits in
-        // memory) marks the folio active: the FIFO gives it a second pass.
-        let now = shared.evictions.load(Ordering::Relaxed);
-        let distance = now.wrapping_sub(region.evicted_at[i].load(Ordering::Relaxed)) as usize;
-        let fits = shared.config.memory_high / region.folio_size;
-        make_resident(shared, region, i);
-        if distance < fits {
-            region.folios[i].set_flag(ACTIVE);
-            bump(&shared.counters.refaults_activated);
-        }
-        true
-    })
-}
-
-/// Publishes a folio (owned as LOADING) as resident and queues it for
-/// reclaim.
-fn make_resident(shared: &Shared, region: &RegionInner, i: usize) {
-    region.folios[i].set(RESIDENT);
-    shared.resident.fetch_add(region.folio_size, Ordering::AcqRel);
-    shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
-        region: region.id,
-        folio: i as u32,
-    });
-    if shared.resident.load(Ordering::Relaxed) > shared.config.memory_high {
-        shared.kick_reclaim();
     }
 }
 
 /// Brings in the next swapped folios of the region (2^page_cluster - 1 of
 /// them), while memory is under its limit.
-fn readahead(shared: &Shared, region: &RegionInner, i: usize, server: &mut dyn Server) {
+fn readahead(shared: &Shared, space: &Space, region: &super::space::RegionInner, i: usize, server: &mut dyn Server) {
     let window = (1usize << shared.config.page_cluster) - 1;
     for j in i + 1..(i + 1 + window).min(region.folios.len()) {
         if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.config.memory_high {
@@ -297,14 +309,11 @@ fn readahead(shared: &Shared, region: &RegionInner, i: usize, server: &mut dyn S
         }
         let f = &region.folios[j];
         let w = f.load();
-        if folio::state(w) != SWAPPED || !f.transition(w, LOADING) {
+        if folio::state(w) != SWAPPED || !f.transition(w, folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA)) {
             continue;
         }
-        if swap_in(shared, region, j, w, server) {
+        if swapin::swap_in(shared, space, region, j, server) == SwappedIn::Done {
             shared.counters.swap_ra.fetch_add(region.pages_per_folio() as u64, Ordering::Relaxed);
-            let _ = shared.uffd.wake(region.folio_addr(j), region.folio_size);
-        } else {
-            f.set(w);
         }
     }
 }
@@ -329,218 +338,6 @@ fn throttle(shared: &Shared, incoming: usize) {
         shared.kick_reclaim();
         let (lock, cv) = &shared.reclaimed;
         let guard = lock.lock().expect("reclaimed lock");
-        let _ = cv.wait_timeout(guard, Duration::from_millis(5)).expect("reclaimed lock");
-    }
-}
-
-fn send_sigbus(tid: u32) {
-    // SAFETY: signalling a thread of this process; a stale tid only fails.
-    unsafe {
-        let pid = libc::getpid();
-        if tid == 0 || libc::syscall(libc::SYS_tgkill, pid, tid as libc::pid_t, libc::SIGBUS) != 0 {
-            libc::kill(pid, libc::SIGBUS);
-        }
-    }
-}
-
-/// The program dropped (`unmap` false: MADV_DONTNEED) or unmapped a range.
-fn on_remove(shared: &Shared, start: usize, end: usize, unmap: bool, ev: &mut EventThread<'_>) {
-    if !unmap {
-        let mut own = shared.own_removes.lock().expect("own removes lock");
-        if let Some(at) = own.iter().position(|&s| s == start) {
-            own.swap_remove(at);
-            return;
-        }
-    }
-    let regions: Vec<Arc<RegionInner>> = shared
-        .regions
-        .read()
-        .expect("regions lock")
-        .iter()
-        .filter(|r| r.base() < end && start < r.base() + r.len)
-        .cloned()
-        .collect();
-    for region in regions {
-        let fs = region.folio_size;
-        let first = start.max(region.base());
-        let last = end.min(region.base() + region.len);
-        let mut i = region.folio_of(first);
-        while i < region.folios.len() && region.folio_addr(i) < last {
-            let fstart = region.folio_addr(i);
-            let whole = first <= fstart && fstart + fs <= last;
-            drop_folio(shared, &region, i, whole, unmap, (first, last), ev);
-            i += 1;
-        }
-    }
-}
-
-fn drop_folio(
-    shared: &Shared,
-    region: &RegionInner,
-    i: usize,
-    whole: bool,
-    unmap: bool,
-    (first, last): (usize, usize),
-    ev: &mut EventThread<'_>,
-) {
-    let f = &region.folios[i];
-    let fs = region.folio_size;
-    let after = if unmap { GONE } else { UNTOUCHED };
-    loop {
-        let w = f.load();
-        match folio::state(w) {
-            RESIDENT if whole => {
-                if f.transition(w, after) {
-                    shared.resident.fetch_sub(fs, Ordering::AcqRel);
-                    return;
-                }
-            }
-            SWAPPED if whole => {
-                if f.transition(w, after) {
-                    shared.store.invalidate(region.slots_of(w));
-                    return;
-                }
-            }
-            SWAPPED => {
-                // Part of a swapped folio dropped: bring the rest back, with
-                // the dropped part zero.
-                if !f.transition(w, LOADING) {
-                    continue;
-                }
-                let start = region.folio_addr(i);
-                let ok = with_buf(&FOLIO_BUF, fs, |buf| {
-                    if shared.store.load(region.slots_of(w), buf).is_err() {
-                        return false;
-                    }
-                    let (a, b) = (first.max(start) - start, last.min(start + fs) - start);
-                    buf[a..b].fill(0);
-                    let _ = shared.uffd.copy_with(start, buf, &mut || ev.on_eagain());
-                    true
-                });
-                if ok {
-                    make_resident(shared, region, i);
-                    let _ = shared.uffd.wake(start, fs);
-                } else {
-                    f.set(w);
-                }
-                return;
-            }
-            EVICTING | LOADING if whole => {
-                f.set_flag(DROPPED);
-                return;
-            }
-            UNTOUCHED if whole && unmap => {
-                if f.transition(w, GONE) {
-                    return;
-                }
-            }
-            _ => return,
-        }
-    }
-}
-
-/// The program moved `len` bytes from `from` to `to` (mremap). Whole regions
-/// move with their folios; a folio-aligned part becomes a region of its own
-/// at the new place.
-fn on_remap(shared: &Shared, from: usize, to: usize, len: usize, ev: &mut EventThread<'_>) {
-    let Some((region, _)) = shared.lookup(from) else { return };
-    if from == region.base() && len == region.len {
-        region.base.store(to, Ordering::Release);
-        return;
-    }
-    let fs = region.folio_size;
-    if !(from - region.base()).is_multiple_of(fs) || !len.is_multiple_of(fs) {
-        follow_cutting_move(shared, &region, from, to, len, ev);
-        return;
-    }
-    let first = (from - region.base()) / fs;
-    let count = len / fs;
-    let id = shared.next_region_id();
-    let moved = Arc::new(RegionInner::new(id, to, len, fs, UNTOUCHED, true));
-    for k in 0..count {
-        let src = &region.folios[first + k];
-        loop {
-            let w = src.load();
-            match folio::state(w) {
-                // A filler finishes a load without this thread (it reads its
-                // own EAGAIN away by yielding; this thread has read the event).
-                LOADING => std::thread::yield_now(),
-                // The reclaimer may be waiting for this thread (its
-                // MADV_DONTNEED): do not wait. The pages moved with their
-                // page tables, so the moved folio is resident; the reclaimer
-                // discards what it stored for the old place.
-                EVICTING => {
-                    src.set_flag(DROPPED);
-                    moved.folios[k].set(RESIDENT);
-                    shared.resident.fetch_add(fs, Ordering::AcqRel);
-                    break;
-                }
-                _ => {
-                    if src.transition(w, GONE) {
-                        moved.folios[k].set(w & !(ACTIVE | DROPPED));
-                        break;
-                    }
-                }
-            }
-        }
-        if folio::state(moved.folios[k].load()) == RESIDENT {
-            shared.fifo.lock().expect("fifo lock").push_back(FolioRef { region: id, folio: k as u32 });
-        }
-    }
-    shared.regions.write().expect("regions lock").push(moved);
-}
-
-/// A move that cuts through folios: the moved pages leave the folio
-/// bookkeeping (they stay resident, untracked, at their new place). Swapped
-/// folios it touches are brought back page by page, each page installed
-/// where it now lives; a folio being evicted keeps its pages in place.
-fn follow_cutting_move(shared: &Shared, region: &RegionInner, from: usize, to: usize, len: usize, ev: &mut EventThread<'_>) {
-    let fs = region.folio_size;
-    let mut i = region.folio_of(from);
-    while i < region.folios.len() && region.folio_addr(i) < from + len {
-        let f = &region.folios[i];
-        let start = region.folio_addr(i);
-        loop {
-            let w = f.load();
-            match folio::state(w) {
-                // A filler finishes a load without this thread.
-                LOADING => std::thread::yield_now(),
-                // The reclaimer may be waiting for this thread: do not wait.
-                EVICTING => {
-                    f.set_flag(MOVED);
-                    break;
-                }
-                SWAPPED => {
-                    if !f.transition(w, LOADING) {
-                        continue;
-                    }
-                    let ok = with_buf(&FOLIO_BUF, fs, |buf| {
-                        if shared.store.load(region.slots_of(w), buf).is_err() {
-                            return false;
-                        }
-                        for (k, page) in buf.chunks(PAGE_SIZE).enumerate() {
-                            let old = start + k * PAGE_SIZE;
-                            let now = if old >= from && old < from + len { to + (old - from) } else { old };
-                            let _ = shared.uffd.copy_with(now, page, &mut || ev.on_eagain());
-                        }
-                        true
-                    });
-                    if ok {
-                        make_resident(shared, region, i);
-                    } else {
-                        f.set(w);
-                    }
-                    break;
-                }
-                _ => break,
-            }
-        }
-        i += 1;
-    }
-}
-
-impl Shared {
-    pub fn next_region_id(&self) -> u32 {
-        self.next_region.fetch_add(1, Ordering::Relaxed)
+        drop(cv.wait_timeout(guard, Duration::from_millis(5)).expect("reclaimed lock"));
     }
 }

@@ -2,63 +2,87 @@
 //! one atomic word per folio.
 //!
 //! ```text
-//! UNTOUCHED --first touch--> RESIDENT --reclaim--> EVICTING --stored--> SWAPPED
-//!     ^                          ^  ^                  |                   |
-//!     |                          |  +----refused-------+                   |
-//!     +--program's DONTNEED------+  +-----------LOADING <----fault---------+
+//!            first touch                 reclaim                stored + dropped
+//! UNTOUCHED ----------> ZEROING --> RESIDENT ------> EVICTING ----------------> SWAPPED
+//!     ^                                ^   ^            |  refused                 |
+//!     |                                |   +------------+                          | fault, or a
+//!     |  program drops it whole        |                                           | partial drop
+//!     +--------------------------------+------------- LOADING <--------------------+
+//!                                                        | unusable stored data
+//!                                                        v
+//!                                                     POISONED (touch = SIGBUS)
 //! ```
 //!
-//! EVICTING and LOADING are owned by one thread (the reclaimer, a filler);
-//! everyone else leaves such a folio alone, and its owner wakes the folio's
-//! range when it is done, so a fault that found it busy simply retries.
+//! In a forked child, a folio that its parent was evicting at the fork is
+//! INHERITING until the eviction ends; it then becomes SWAPPED (sharing the
+//! parent's entries) or RESIDENT. GONE: unmapped, or no longer tracked (a
+//! move cut through it; its pages stay where they are, unmanaged).
+//!
+//! ZEROING, EVICTING and LOADING are owned by one thread; everyone else
+//! leaves such a folio alone, and its owner wakes the folio's range when it
+//! is done, so a fault that found it busy simply waits to be retried. An
+//! event that changes a busy folio (the program dropped, unmapped or moved
+//! part of it) records what happened in the folio's extras (see
+//! [`super::space`]) and sets [`EXTRA`]; the owner applies them when it
+//! finishes.
+//!
+//! Word layout: bits 0..4 state, 4..8 flags, 32..64 the first swap slot
+//! (SWAPPED and LOADING).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Never touched: the first touch gets zero pages.
 pub const UNTOUCHED: u64 = 0;
-/// In memory.
+/// In memory (pages the program dropped inside it read as zero).
 pub const RESIDENT: u64 = 1;
 /// Write-protected, being copied out and stored by the reclaimer.
 pub const EVICTING: u64 = 2;
-/// In the store; the word also holds the first swap slot.
+/// In the store; the word holds the first swap slot.
 pub const SWAPPED: u64 = 3;
-/// Being loaded and installed by a filler.
+/// Being loaded and installed; the word still holds the first swap slot.
 pub const LOADING: u64 = 4;
-/// Unmapped by the program.
-pub const GONE: u64 = 5;
+/// Zero pages being installed on first touch.
+pub const ZEROING: u64 = 5;
+/// Unmapped by the program, or no longer tracked.
+pub const GONE: u64 = 6;
+/// In a child: the parent was evicting it at the fork; resolved when the
+/// eviction ends.
+pub const INHERITING: u64 = 7;
+/// The stored data was unusable: its missing pages are poisoned.
+pub const POISONED: u64 = 8;
 
-const STATE_MASK: u64 = 0x7;
+const STATE_MASK: u64 = 0xf;
 /// Refaulted soon after eviction: gets a second pass in the reclaim FIFO.
-pub const ACTIVE: u64 = 1 << 3;
-/// The program dropped the folio (MADV_DONTNEED) while it was busy: its
-/// owner discards what it was doing instead of publishing it.
-pub const DROPPED: u64 = 1 << 4;
-/// The program moved part of the folio away (mremap) while the reclaimer
-/// was evicting it: the reclaimer leaves the pages where they are and
-/// discards what it stored.
-pub const MOVED: u64 = 1 << 5;
+pub const ACTIVE: u64 = 1 << 4;
+/// The folio has extras (holes from partial drops, pages moved away).
+pub const EXTRA: u64 = 1 << 5;
 const SLOT_SHIFT: u32 = 32;
 
+/// The state part of a word.
 pub fn state(word: u64) -> u64 {
     word & STATE_MASK
 }
 
+/// The first swap slot of a SWAPPED or LOADING word.
 pub fn slot(word: u64) -> u32 {
     (word >> SLOT_SHIFT) as u32
 }
 
-pub fn swapped(first_slot: u32) -> u64 {
-    SWAPPED | (first_slot as u64) << SLOT_SHIFT
+/// A word in `state` holding `first_slot`.
+pub fn with_slot(state: u64, first_slot: u32) -> u64 {
+    state | (first_slot as u64) << SLOT_SHIFT
 }
 
 /// One folio's word.
 pub struct Folio(AtomicU64);
 
 impl Folio {
+    /// A folio in state `word`.
     pub fn new(word: u64) -> Folio {
         Folio(AtomicU64::new(word))
     }
 
+    /// The current word.
     pub fn load(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }
@@ -68,11 +92,13 @@ impl Folio {
         self.0.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
-    /// Sets the word (only by the thread that owns the folio's busy state).
+    /// Sets the word (only by the thread that owns the folio's busy state,
+    /// or under the event gate's write side).
     pub fn set(&self, word: u64) {
         self.0.store(word, Ordering::Release);
     }
 
+    /// Sets a flag.
     pub fn set_flag(&self, flag: u64) {
         self.0.fetch_or(flag, Ordering::AcqRel);
     }

@@ -1,303 +1,121 @@
-//! `mm`: transparent compressed paging of a process's memory with
-//! userfaultfd.
+//! `mm`: transparent compressed paging with userfaultfd.
 //!
 //! A [`Runtime`] manages [`Region`]s of anonymous memory. The first touch of
-//! a folio maps zero pages; when the resident managed memory passes
+//! a folio installs zero pages; when the resident managed memory passes
 //! `memory_high`, the reclaimer ([`reclaim`]) evicts cold folios through the
 //! compressed store in plugged batches; a touch of an evicted folio raises a
-//! userfaultfd fault that a filler thread ([`fault`]) serves by loading the
-//! folio (plus readahead) and installing it with UFFDIO_COPY.
+//! userfaultfd fault that is served ([`fault`]) by loading the folio (plus
+//! readahead) and installing it ([`swapin`]). What the program does to its
+//! memory (madvise, munmap, mremap, fork) arrives as events ([`events`]).
 //!
-//! Threads: one event thread reads the userfaultfd and never blocks on
-//! anything else (our own MADV_DONTNEED waits until its REMOVE event is
-//! read); filler threads serve page faults and may wait for reclaim
-//! (throttling); one reclaimer evicts.
+//! Files, by path: `uffd` (the typed userfaultfd layer), `space` (address
+//! spaces, regions, extras), `folio` (folio states), `fault` (the event
+//! thread and the fillers), `swapin` (the one swap-in routine), `reclaim`
+//! (the one eviction routine), `events` (the program's memory events),
+//! `config`, `counters`.
 //!
-//! Eviction never loses a write: a folio is write-protected
-//! (UFFDIO_WRITEPROTECT) before it is copied out, a writer meanwhile waits
-//! on a write-protect fault, and it is woken only once the folio is either
-//! stored and dropped (it then refaults and gets the stored data back) or
-//! refused and unprotected (its write lands in place).
+//! # Threads
+//!
+//! One event thread reads every address space's userfaultfd and never
+//! blocks on anything but the locks below (our own MADV_DONTNEED and the
+//! program's madvise, munmap, mremap and fork wait until their event is
+//! read); filler threads serve faults that must wait for reclaim; one
+//! reclaimer evicts.
+//!
+//! # The event gate
+//!
+//! An event is read before its effect is final (the kernel zaps a
+//! MADV_DONTNEED range after its REMOVE event is read; a fork copies the page
+//! tables, then waits for its FORK event), and once it is read, installs no
+//! longer answer EAGAIN. So that no install lands on the wrong side of an
+//! event, [`Shared::gate`] orders them: the event thread reads, and applies
+//! what it read to the bookkeeping, under the gate's write side; any other
+//! thread makes each install attempt, and publishes a folio's end state,
+//! under its read side, and releases it before waiting out an EAGAIN. An
+//! install therefore either happened before the event was read (and the
+//! event's effect covers it) or sees the event's bookkeeping.
+//!
+//! # Lock order
+//!
+//! `gate` -> `spaces` -> a space's `regions` -> `inheritors` -> a space's
+//! `extras` -> `fifo` / `own_drops` / `faults` / `reclaimed` (leaves). Folio
+//! words are atomics; a busy state (ZEROING, LOADING, EVICTING) makes its
+//! setter the folio's only writer until it publishes the next state.
+//!
+//! Eviction never loses a write: a folio is write-protected before it is
+//! copied out, a writer meanwhile waits on a write-protect fault, and it is
+//! woken only once the folio is either stored and dropped (it then refaults
+//! and gets the stored data back) or refused and unprotected (its write
+//! lands in place).
 
+mod config;
+mod counters;
+mod events;
 mod fault;
-pub mod floor;
 mod folio;
 mod reclaim;
 mod region;
-mod uffd;
+mod space;
+mod swapin;
+pub mod uffd;
 
+pub use config::{BadConfig, Builder, RuntimeConfig};
+pub use counters::RuntimeStats;
 pub use region::Region;
 
 use crate::accel::{Device, DeviceConfig};
-use crate::size::parse_size;
-use crate::swap::{Backing, FreeMode, SwapFile};
-use crate::zswap::{PoolLimit, Zswap, ZswapConfig, ZswapStats};
-use region::RegionInner;
+use crate::page::PAGE_SIZE;
+use crate::swap::{Backing, SwapFile};
+use crate::zswap::{PoolLimit, Zswap, ZswapConfig};
+use counters::Counters;
+use events::Inheritor;
+use fault::Fault;
+use space::{Owner, RegionInner, Space};
 use std::collections::VecDeque;
 use std::io;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
-use uffd::Uffd;
+use swapin::Worker;
+use uffd::{Features, Uffd, UffdError};
 
-/// Bytes per page.
-pub const PAGE_SIZE: usize = 4096;
-
-/// The runtime's knobs, named as in the kernel.
-#[derive(Debug, Clone)]
-pub struct RuntimeConfig {
-    /// Resident managed memory above which the reclaimer evicts.
-    pub memory_high: usize,
-    /// The unit evicted, stored and brought back together (4K..2M).
-    pub folio_size: usize,
-    /// Codec by kernel name.
-    pub compressor: String,
-    /// Folios collected in the reclaim plug before they are stored together.
-    pub compress_batchsize: usize,
-    /// Readahead of 2^page_cluster folios (the faulting one included).
-    pub page_cluster: u32,
-    /// Pool limit as a percentage of physical memory (kernel default 20).
-    pub max_pool_percent: u8,
-    /// Pool limit in bytes, overriding the percentage.
-    pub max_pool_bytes: Option<usize>,
-    /// Stores resume below this percentage of the pool limit.
-    pub accept_threshold_percent: u8,
-    /// Compression engines.
-    pub engines: usize,
-    /// The swap file: directory and size; `None` for none.
-    pub swap_file: Option<(PathBuf, u64)>,
-    /// Swap slots when there is no swap file.
-    pub swap_slots: u32,
-    /// How released slots are freed.
-    pub slot_free: FreeMode,
-    /// Threads serving page faults.
-    pub fillers: usize,
-    /// How long a partly filled plug waits for more folios.
-    pub plug_timeout: Duration,
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        RuntimeConfig {
-            memory_high: 256 << 20,
-            folio_size: 64 << 10,
-            compressor: "lz4".into(),
-            compress_batchsize: 8,
-            page_cluster: 0,
-            max_pool_percent: 20,
-            max_pool_bytes: None,
-            accept_threshold_percent: 90,
-            engines: 2,
-            swap_file: None,
-            swap_slots: 1 << 20,
-            slot_free: FreeMode::Async,
-            fillers: 2,
-            plug_timeout: Duration::from_millis(1),
-        }
-    }
-}
-
-impl RuntimeConfig {
-    /// How far resident managed memory may exceed `memory_high` before a
-    /// faulting thread waits for reclaim: two plugs of folios and one
-    /// readahead window per fault server, but at least 1/64 of the limit and
-    /// 1 MiB, so that reclaim can run beside the faulting threads instead of
-    /// in front of every fault (as memory.high lets usage overshoot and
-    /// reclaims on the way back to user space).
-    pub fn slack(&self) -> usize {
-        let plug = self.compress_batchsize.max(1) * self.folio_size;
-        let readahead = (self.fillers + 1) * (1usize << self.page_cluster) * self.folio_size;
-        (2 * plug + readahead).max(self.memory_high / 64).max(1 << 20)
-    }
-}
-
-/// Builds a [`Runtime`]; sizes accept "64k", "512M", "2G".
-#[derive(Debug, Clone, Default)]
-pub struct Builder {
-    config: RuntimeConfig,
-}
-
-/// A bad knob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadConfig(pub String);
-
-impl std::fmt::Display for BadConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadConfig {}
-
-impl Builder {
-    pub fn new() -> Builder {
-        Builder::default()
-    }
-
-    pub fn memory_high(mut self, size: &str) -> Result<Builder, BadConfig> {
-        self.config.memory_high = parse_size(size).map_err(|e| BadConfig(e.to_string()))? as usize;
-        Ok(self)
-    }
-
-    pub fn folio_size(mut self, size: &str) -> Result<Builder, BadConfig> {
-        self.config.folio_size = parse_size(size).map_err(|e| BadConfig(e.to_string()))? as usize;
-        Ok(self)
-    }
-
-    /// Replaces every knob at once.
-    pub fn config(mut self, config: RuntimeConfig) -> Builder {
-        self.config = config;
-        self
-    }
-
-    pub fn compressor(mut self, name: &str) -> Builder {
-        self.config.compressor = name.to_string();
-        self
-    }
-
-    pub fn compress_batchsize(mut self, n: usize) -> Builder {
-        self.config.compress_batchsize = n;
-        self
-    }
-
-    pub fn page_cluster(mut self, n: u32) -> Builder {
-        self.config.page_cluster = n;
-        self
-    }
-
-    pub fn engines(mut self, n: usize) -> Builder {
-        self.config.engines = n;
-        self
-    }
-
-    pub fn swap_file(mut self, dir: PathBuf, size: &str) -> Result<Builder, BadConfig> {
-        let bytes = parse_size(size).map_err(|e| BadConfig(e.to_string()))?;
-        self.config.swap_file = Some((dir, bytes));
-        Ok(self)
-    }
-
-    pub fn slot_free(mut self, mode: FreeMode) -> Builder {
-        self.config.slot_free = mode;
-        self
-    }
-
-    pub fn max_pool_percent(mut self, percent: u8) -> Builder {
-        self.config.max_pool_percent = percent;
-        self
-    }
-
-    pub fn accept_threshold_percent(mut self, percent: u8) -> Builder {
-        self.config.accept_threshold_percent = percent;
-        self
-    }
-
-    pub fn build(self) -> io::Result<Runtime> {
-        Runtime::new(self.config)
-    }
-}
-
-fn invalid(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg.into())
-}
-
-/// Counters of the runtime itself (the store's are in [`ZswapStats`]).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub pgmajfault: AtomicU64,
-    pub faults: AtomicU64,
-    pub zero_fills: AtomicU64,
-    pub wp_faults: AtomicU64,
-    pub swap_ra: AtomicU64,
-    pub throttled: AtomicU64,
-    pub evicted_folios: AtomicU64,
-    pub eviction_refused: AtomicU64,
-    pub reclaim_batches: AtomicU64,
-    pub refaults_activated: AtomicU64,
-    pub sigbus: AtomicU64,
-}
-
-/// A snapshot of the runtime's counters.
-#[derive(Debug, Clone, Default)]
-pub struct RuntimeStats {
-    /// The store's counters (zswpout, zswpin, pswpout, ...).
-    pub store: ZswapStats,
-    /// Faults served from the store or the swap file (major faults).
-    pub pgmajfault: u64,
-    /// Page faults on managed memory the runtime received.
-    pub faults: u64,
-    /// First touches served with zero pages.
-    pub zero_fills: u64,
-    /// Writes that met a folio being evicted and waited.
-    pub wp_faults: u64,
-    /// Pages brought in ahead of a fault (page_cluster).
-    pub swap_ra: u64,
-    /// Faults that waited for reclaim because memory was over the limit.
-    pub throttled: u64,
-    /// Folios evicted.
-    pub evicted_folios: u64,
-    /// Folios the store refused (they stayed resident).
-    pub eviction_refused: u64,
-    /// Plugs flushed to the store.
-    pub reclaim_batches: u64,
-    /// Refaulted folios given a second pass (short refault distance).
-    pub refaults_activated: u64,
-    /// Faults answered with SIGBUS because the stored data was unusable.
-    pub sigbus: u64,
-    /// Managed memory resident now.
-    pub resident_bytes: u64,
-}
-
-impl RuntimeStats {
-    /// Every counter as (name, value), store counters first.
-    pub fn named(&self) -> Vec<(String, u64)> {
-        let mut v = self.store.named();
-        for (name, value) in [
-            ("pgmajfault", self.pgmajfault),
-            ("faults", self.faults),
-            ("zero_fills", self.zero_fills),
-            ("wp_faults", self.wp_faults),
-            ("swap_ra", self.swap_ra),
-            ("throttled", self.throttled),
-            ("evicted_folios", self.evicted_folios),
-            ("eviction_refused", self.eviction_refused),
-            ("reclaim_batches", self.reclaim_batches),
-            ("refaults_activated", self.refaults_activated),
-            ("sigbus", self.sigbus),
-            ("resident_bytes", self.resident_bytes),
-        ] {
-            v.push((name.to_string(), value));
-        }
-        v
-    }
-}
-
-/// A folio in the reclaim FIFO.
+/// A folio in the reclaim FIFO (of the runtime's own space).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FolioRef {
     pub region: u32,
     pub folio: u32,
 }
 
-/// A page fault handed to the fillers.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FaultMsg {
-    pub addr: usize,
-    pub flags: u64,
-    pub tid: u32,
+/// One of the reclaimer's own MADV_DONTNEEDs: the REMOVE events inside it
+/// are its own, up to its length. The call returns as soon as the event
+/// thread has read its events, which may be before it has handled them, so
+/// the record outlives the call: the event thread forgets it at its next
+/// read after the call returned (by then every event of the call has been
+/// read and handled).
+struct OwnDrop {
+    start: usize,
+    end: usize,
+    unattributed: usize,
+    returned: bool,
 }
 
 /// Everything the runtime's threads share.
 pub(crate) struct Shared {
     pub config: RuntimeConfig,
-    pub uffd: Uffd,
     pub store: Zswap,
-    pub regions: RwLock<Vec<Arc<RegionInner>>>,
+    /// Read side: an install attempt or a folio's final publication; write
+    /// side: the event thread reading and applying events (see the module
+    /// docs).
+    pub gate: RwLock<()>,
+    /// The address spaces served; the runtime's own first.
+    pub spaces: RwLock<Vec<Arc<Space>>>,
+    next_space: AtomicU32,
     next_region: AtomicU32,
-    /// Resident managed memory, in bytes.
+    /// Forked children's folios waiting for their parent's eviction to end.
+    pub inheritors: Mutex<Vec<Inheritor>>,
+    /// Resident managed memory of the runtime's own space, in bytes.
     pub resident: AtomicUsize,
-    /// Folios in fault-in order.
+    /// Own-space folios in fault-in order.
     pub fifo: Mutex<VecDeque<FolioRef>>,
     /// Workingset clock: folios evicted so far.
     pub evictions: AtomicU32,
@@ -306,11 +124,9 @@ pub(crate) struct Shared {
     pub reclaimed: (Mutex<()>, Condvar),
     /// The reclaimer could not free anything: throttling would wait forever.
     pub reclaim_stuck: AtomicBool,
-    /// Folio ranges the reclaimer is dropping itself (their REMOVE events
-    /// are ours).
-    pub own_removes: Mutex<Vec<usize>>,
+    own_drops: Mutex<Vec<OwnDrop>>,
     pub reclaimer_tid: AtomicI32,
-    pub faults: (Mutex<VecDeque<FaultMsg>>, Condvar),
+    pub faults: (Mutex<VecDeque<Fault>>, Condvar),
     pub counters: Counters,
     pub shutdown: AtomicBool,
     /// Handles (the runtime and its regions) still held by users.
@@ -327,19 +143,7 @@ impl Runtime {
     /// Starts a runtime: the store, the device, and the event, filler and
     /// reclaimer threads.
     pub fn new(config: RuntimeConfig) -> io::Result<Runtime> {
-        let fs = config.folio_size;
-        if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
-            return Err(invalid(format!("folio_size {fs}: expected a power of two from 4k to 2M")));
-        }
-        if !(1..=32).contains(&config.compress_batchsize) {
-            return Err(invalid("compress_batchsize must be 1..=32"));
-        }
-        if config.page_cluster > 9 {
-            return Err(invalid("page_cluster must be at most 9"));
-        }
-        if config.memory_high < fs {
-            return Err(invalid("memory_high must hold at least one folio"));
-        }
+        config.validate()?;
         let device = Arc::new(Device::new(DeviceConfig::with_engines(config.engines))?);
         let backing: Option<Arc<dyn Backing>> = match &config.swap_file {
             Some((dir, bytes)) => Some(Arc::new(SwapFile::create(dir, *bytes)?)),
@@ -361,19 +165,22 @@ impl Runtime {
             writeback_worker: true,
             ..ZswapConfig::default()
         };
-        let store = Zswap::new(store_config, device, backing).map_err(|e| invalid(e.to_string()))?;
+        let store = Zswap::new(store_config, device, backing).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let uffd = Uffd::open(Features { fork: config.serve_forks })?;
         let shared = Arc::new(Shared {
-            uffd: Uffd::open()?,
             store,
-            regions: RwLock::new(Vec::new()),
+            gate: RwLock::new(()),
+            spaces: RwLock::new(vec![Arc::new(Space::new(0, uffd, Owner::Runtime))]),
+            next_space: AtomicU32::new(1),
             next_region: AtomicU32::new(0),
+            inheritors: Mutex::new(Vec::new()),
             resident: AtomicUsize::new(0),
             fifo: Mutex::new(VecDeque::new()),
             evictions: AtomicU32::new(0),
             reclaim_signal: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(()), Condvar::new()),
             reclaim_stuck: AtomicBool::new(false),
-            own_removes: Mutex::new(Vec::new()),
+            own_drops: Mutex::new(Vec::new()),
             reclaimer_tid: AtomicI32::new(0),
             faults: (Mutex::new(VecDeque::new()), Condvar::new()),
             counters: Counters::default(),
@@ -386,7 +193,7 @@ impl Runtime {
         // On error, dropping `runtime` stops the threads already started.
         let spawn = |name: String, f: fn(&Shared)| -> io::Result<()> {
             let s = shared.clone();
-            let handle = std::thread::Builder::new().name(name).spawn(move || f(&s))?;
+            let handle = std::thread::Builder::new().name(name.clone()).spawn(move || fail_loudly(&name, || f(&s)))?;
             shared.threads.lock().expect("threads lock").push(handle);
             Ok(())
         };
@@ -398,10 +205,12 @@ impl Runtime {
         Ok(runtime)
     }
 
+    /// A builder with the defaults.
     pub fn builder() -> Builder {
         Builder::new()
     }
 
+    /// The knobs in force.
     pub fn config(&self) -> &RuntimeConfig {
         &self.shared.config
     }
@@ -414,7 +223,8 @@ impl Runtime {
         // Over-map by a folio so the region can start folio-aligned.
         let raw = crate::sys::map_anonymous(len + fs)?.as_ptr() as usize;
         let base = raw.next_multiple_of(fs);
-        // SAFETY: trimming the unaligned head and tail of our own mapping.
+        // SAFETY: trimming the unaligned head and tail of our own mapping,
+        // and advice on what remains.
         unsafe {
             if base > raw {
                 libc::munmap(raw as *mut _, base - raw);
@@ -432,7 +242,8 @@ impl Runtime {
 
     /// Manages an existing private anonymous mapping (`ptr` and `len` whole
     /// folios, folio-aligned). Its present contents count as resident.
-    /// Dropping the region gives the mapping back intact.
+    /// Dropping the region gives the mapping back intact (a folio whose
+    /// stored data is unusable comes back poisoned: a touch raises SIGBUS).
     ///
     /// # Safety
     /// `ptr..ptr + len` must be a private anonymous mapping that stays mapped
@@ -442,23 +253,24 @@ impl Runtime {
         let fs = self.shared.config.folio_size;
         let base = ptr as usize;
         if !base.is_multiple_of(fs) || !len.is_multiple_of(fs) || len == 0 {
-            return Err(invalid("manage: the range must be whole, aligned folios"));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "manage: the range must be whole, aligned folios"));
         }
         self.register(base, len, folio::RESIDENT, false)
     }
 
     fn register(&self, base: usize, len: usize, initial: u64, owned: bool) -> io::Result<Region> {
         let shared = &self.shared;
+        let own = shared.own_space();
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(RegionInner::new(id, base, len, shared.config.folio_size, initial, owned));
-        shared.regions.write().expect("regions lock").push(inner.clone());
-        if let Err(e) = shared.uffd.register(base, len) {
-            shared.regions.write().expect("regions lock").retain(|r| r.id != id);
+        own.regions.write().expect("regions lock").push(inner.clone());
+        if let Err(e) = own.uffd.register(base, len) {
+            own.regions.write().expect("regions lock").retain(|r| r.id != id);
             if owned {
                 // SAFETY: our own mapping, never handed out.
                 unsafe { libc::munmap(base as *mut _, len) };
             }
-            return Err(io::Error::new(e.kind(), format!("registering with userfaultfd: {e}")));
+            return Err(io::Error::other(format!("registering with userfaultfd: {e}")));
         }
         if initial == folio::RESIDENT {
             shared.resident.fetch_add(len, Ordering::AcqRel);
@@ -486,24 +298,22 @@ impl Runtime {
         self.shared.config.slack()
     }
 
-    /// The store (for fault injection in tests and statistics).
+    /// The store (statistics and slot accounting).
     pub fn store(&self) -> &Zswap {
         &self.shared.store
     }
 
-    /// The state of the folio holding `addr`, for tests: whether it is
+    /// The first swap slot of the swapped folio holding `addr`, if it is
     /// swapped out now.
-    pub fn is_swapped(&self, addr: *const u8) -> bool {
-        self.shared
-            .lookup(addr as usize)
-            .is_some_and(|(r, i)| folio::state(r.folios[i].load()) == folio::SWAPPED)
-    }
-
-    /// The first swap slot of the swapped folio holding `addr`.
     pub fn swapped_slot(&self, addr: *const u8) -> Option<u32> {
-        let (r, i) = self.shared.lookup(addr as usize)?;
+        let (r, i) = self.shared.own_space().lookup(addr as usize)?;
         let w = r.folios[i].load();
         (folio::state(w) == folio::SWAPPED).then(|| folio::slot(w))
+    }
+
+    /// Whether the folio holding `addr` is swapped out now.
+    pub fn is_swapped(&self, addr: *const u8) -> bool {
+        self.swapped_slot(addr).is_some()
     }
 
     /// Wakes the reclaimer (it evicts whenever resident memory is above
@@ -519,73 +329,105 @@ impl Drop for Runtime {
     }
 }
 
+/// Runs a runtime thread's body; a panic there would leave faults unserved
+/// and the program hung, so it ends the process with a message instead.
+fn fail_loudly(name: &str, body: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
+        eprintln!("uswap: the {name} thread panicked; aborting rather than leaving the program's memory unserved");
+        std::process::abort();
+    }
+}
+
 impl Shared {
+    /// A snapshot of every counter.
     pub fn stats(&self) -> RuntimeStats {
-        let c = &self.counters;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RuntimeStats {
-            store: self.store.stats(),
-            pgmajfault: l(&c.pgmajfault),
-            faults: l(&c.faults),
-            zero_fills: l(&c.zero_fills),
-            wp_faults: l(&c.wp_faults),
-            swap_ra: l(&c.swap_ra),
-            throttled: l(&c.throttled),
-            evicted_folios: l(&c.evicted_folios),
-            eviction_refused: l(&c.eviction_refused),
-            reclaim_batches: l(&c.reclaim_batches),
-            refaults_activated: l(&c.refaults_activated),
-            sigbus: l(&c.sigbus),
-            resident_bytes: self.resident.load(Ordering::Relaxed) as u64,
-        }
+        let children = self.spaces.read().expect("spaces lock").len().saturating_sub(1) as u64;
+        self.counters
+            .snapshot(self.store.stats(), self.resident.load(Ordering::Relaxed) as u64, children)
     }
 
-    /// The region and folio index holding `addr`.
-    pub fn lookup(&self, addr: usize) -> Option<(Arc<RegionInner>, usize)> {
-        let regions = self.regions.read().expect("regions lock");
-        let r = regions.iter().find(|r| r.contains(addr))?;
-        Some((r.clone(), r.folio_of(addr)))
+    /// The runtime's own address space.
+    pub fn own_space(&self) -> Arc<Space> {
+        self.spaces.read().expect("spaces lock")[0].clone()
     }
 
-    pub fn region_by_id(&self, id: u32) -> Option<Arc<RegionInner>> {
-        self.regions.read().expect("regions lock").iter().find(|r| r.id == id).cloned()
+    /// A fresh address space id.
+    pub fn next_space_id(&self) -> u32 {
+        self.next_space.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Wakes the reclaimer.
     pub fn kick_reclaim(&self) {
         let (lock, cv) = &self.reclaim_signal;
         *lock.lock().expect("reclaim signal lock") = true;
         cv.notify_one();
     }
 
-    /// Takes a region out of service: waits out busy folios, frees its
-    /// store entries (or, for a managed mapping, brings everything back),
-    /// unregisters it and, if ours, unmaps it.
+    /// The reclaimer is about to MADV_DONTNEED `start..start + len`.
+    fn begin_own_drop(&self, start: usize, len: usize) {
+        self.own_drops.lock().expect("own drops lock").push(OwnDrop {
+            start,
+            end: start + len,
+            unattributed: len,
+            returned: false,
+        });
+    }
+
+    /// The reclaimer's MADV_DONTNEED of `start` returned.
+    fn end_own_drop(&self, start: usize) {
+        let mut drops = self.own_drops.lock().expect("own drops lock");
+        if let Some(d) = drops.iter_mut().find(|d| d.start == start && !d.returned) {
+            d.returned = true;
+        }
+    }
+
+    /// Before the event thread reads: forgets the drops whose call had
+    /// returned (all their events were read, and handled, earlier).
+    pub fn forget_returned_drops(&self) {
+        self.own_drops.lock().expect("own drops lock").retain(|d| !d.returned);
+    }
+
+    /// Whether a REMOVE event is the reclaimer's own drop: inside a range it
+    /// is dropping, and no more of it than that range holds (the kernel
+    /// raises one event per mapping the range covers).
+    pub fn is_own_drop(&self, space: &Space, start: usize, end: usize) -> bool {
+        if space.owner != Owner::Runtime {
+            return false;
+        }
+        let mut drops = self.own_drops.lock().expect("own drops lock");
+        match drops.iter_mut().find(|d| start >= d.start && end <= d.end && end - start <= d.unattributed) {
+            Some(d) => {
+                d.unattributed -= end - start;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes a region of the runtime's own space out of service: waits out
+    /// busy folios, frees its store entries (or, for a managed mapping,
+    /// brings everything back), unregisters it and, if ours, unmaps it —
+    /// except what the program unmapped or moved away, which may belong to
+    /// an unrelated mapping by now.
     fn drop_region(&self, region: &Arc<RegionInner>) {
-        let mut buf = vec![0u8; region.folio_size];
-        // Folios the program unmapped (or moved away) are not ours to unmap.
-        let mut ours = vec![true; region.folios.len()];
+        let own = self.own_space();
         for (i, f) in region.folios.iter().enumerate() {
             loop {
                 let w = f.load();
                 match folio::state(w) {
-                    folio::EVICTING | folio::LOADING => std::thread::yield_now(),
-                    folio::GONE => {
-                        ours[i] = false;
-                        break;
+                    folio::EVICTING | folio::LOADING | folio::ZEROING => std::thread::yield_now(),
+                    folio::SWAPPED if !region.owned => {
+                        // The caller's mapping gets its data back.
+                        if f.transition(w, folio::with_slot(folio::LOADING, folio::slot(w)) | (w & folio::EXTRA)) {
+                            swapin::swap_in(self, &own, region, i, &mut Worker);
+                        }
                     }
                     folio::SWAPPED => {
-                        if !f.transition(w, folio::GONE) {
-                            continue;
+                        if f.transition(w, folio::GONE) {
+                            own.take_extras(region, i);
+                            self.store.invalidate(region.slots_of(w));
+                            break;
                         }
-                        let range = region.slots_of(w);
-                        let restored = !region.owned && self.store.load(range, &mut buf).is_ok();
-                        if restored {
-                            // The caller's mapping gets its data back.
-                            let _ = self.uffd.copy_dontwake(region.folio_addr(i), &buf);
-                        } else {
-                            self.store.invalidate(range);
-                        }
-                        break;
                     }
                     folio::RESIDENT => {
                         if f.transition(w, folio::GONE) {
@@ -595,34 +437,39 @@ impl Shared {
                     }
                     _ => {
                         if f.transition(w, folio::GONE) {
+                            own.take_extras(region, i);
                             break;
                         }
                     }
                 }
             }
         }
-        self.regions.write().expect("regions lock").retain(|r| r.id != region.id);
-        let fs = region.folio_size;
-        let mut i = 0;
-        while i < ours.len() {
-            if !ours[i] {
-                i += 1;
-                continue;
+        own.regions.write().expect("regions lock").retain(|r| r.id != region.id);
+        let base = region.base();
+        let mut gaps = region.unmapped.lock().expect("unmapped lock").clone();
+        gaps.sort_unstable();
+        let mut at = 0;
+        for (lo, hi) in gaps.into_iter().chain([(region.len, region.len)]) {
+            if lo > at {
+                self.release_range(&own, base + at, lo - at, region.owned);
             }
-            let start = i;
-            while i < ours.len() && ours[i] {
-                i += 1;
-            }
-            let (base, len) = (region.folio_addr(start), (i - start) * fs);
-            let _ = self.uffd.unregister(base, len);
-            if region.owned {
-                // SAFETY: the runtime mapped this range, the program has not
-                // unmapped it, and nobody else holds it.
-                unsafe { libc::munmap(base as *mut _, len) };
-            }
+            at = at.max(hi);
         }
-        let (_, cv) = &self.reclaimed;
-        cv.notify_all();
+        self.reclaimed.1.notify_all();
+    }
+
+    /// Unregisters (and, if the runtime mapped it, unmaps) a range that is
+    /// still the region's.
+    fn release_range(&self, own: &Space, start: usize, len: usize, owned: bool) {
+        match own.uffd.unregister(start, len) {
+            Ok(()) | Err(UffdError::NoMapping) => {}
+            Err(e) => panic!("unregistering {start:#x}+{len:#x}: {e}"),
+        }
+        if owned {
+            // SAFETY: the runtime mapped this range and the program has not
+            // unmapped or moved it; nobody else holds it.
+            unsafe { libc::munmap(start as *mut _, len) };
+        }
     }
 
     /// Drops one user handle; the last one stops the threads.
@@ -636,7 +483,10 @@ impl Shared {
         self.reclaimed.1.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
         for t in threads {
-            let _ = t.join();
+            // A runtime thread that panicked has already aborted the process.
+            t.join().expect("runtime threads end without panicking");
         }
     }
 }
+
+const _: () = assert!(PAGE_SIZE == 4096);

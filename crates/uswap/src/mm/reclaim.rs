@@ -16,10 +16,22 @@
 //! The copy-out goes through `process_vm_readv` rather than a plain memory
 //! copy so that a range the program unmapped or moved meanwhile is an error
 //! to handle, not a crash.
+//!
+//! Each folio's eviction ends under the event gate's read side
+//! ([`finish_folio`]): what the program did to it meanwhile (recorded in its
+//! extras by the event thread) is applied there, and forked children that
+//! inherited it mid-eviction take it over. When the store refuses a whole
+//! plug (pool full and no swap file), the reclaimer backs off instead of
+//! recompressing the same folios: faults stop waiting for it
+//! (`reclaim_stuck`) and it retries after a growing pause.
 
-use super::folio::{self, ACTIVE, DROPPED, EVICTING, GONE, MOVED, RESIDENT, UNTOUCHED};
-use super::region::RegionInner;
+use super::events::{self, Outcome};
+use super::folio::{self, ACTIVE, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
+use super::space::{RegionInner, Space};
+use super::swapin::{self, Worker};
+use super::uffd::UffdError;
 use super::{FolioRef, Shared};
+use crate::zswap::{SlotRange, StoreError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,60 +41,98 @@ struct Victim {
     folio: usize,
 }
 
+/// The first pause after a plug the store refused entirely; it doubles with
+/// each refusal in a row, up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
 pub(crate) fn reclaim_loop(shared: &Shared) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
     shared.reclaimer_tid.store(tid, Ordering::Relaxed);
+    let own = shared.own_space();
     let mut plug: Vec<Victim> = Vec::new();
     let mut plugged_at = Instant::now();
     let mut staging: Vec<u8> = Vec::new();
+    // After a plug the store refused entirely: how long to pause, from when.
+    let mut backoff = Duration::ZERO;
+    let mut refused_at = Instant::now();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
             release_plug(&mut plug);
             return;
         }
         let over = shared.resident.load(Ordering::Acquire) > shared.config.memory_high;
-        let victim = if over { next_victim(shared) } else { None };
-        match victim {
+        let pause_left = backoff.saturating_sub(refused_at.elapsed());
+        let victim = if over && pause_left.is_zero() { next_victim(&own, shared) } else { None };
+        let flush_now = match &victim {
             Some(v) => {
                 if v.region.folio_size >= 2 << 20 && !plug.is_empty() {
-                    flush(shared, &mut plug, &mut staging);
+                    flush_and_pace(shared, &own, &mut plug, &mut staging, &mut backoff, &mut refused_at);
                 }
-                if plug.is_empty() {
-                    plugged_at = Instant::now();
-                }
-                plug.push(v);
-                if plug.len() >= shared.config.compress_batchsize {
-                    flush(shared, &mut plug, &mut staging);
-                }
+                false
             }
-            None => {
-                if !plug.is_empty() && (plugged_at.elapsed() >= shared.config.plug_timeout || !over) {
-                    flush(shared, &mut plug, &mut staging);
-                    continue;
-                }
-                if over && plug.is_empty() {
-                    // Nothing left to evict.
-                    shared.reclaim_stuck.store(true, Ordering::Release);
-                    shared.reclaimed.1.notify_all();
-                }
-                let (lock, cv) = &shared.reclaim_signal;
-                let mut kicked = lock.lock().expect("reclaim signal lock");
-                if !*kicked {
-                    let wait = if plug.is_empty() { Duration::from_millis(10) } else { shared.config.plug_timeout };
-                    kicked = cv.wait_timeout(kicked, wait).expect("reclaim signal lock").0;
-                }
-                *kicked = false;
+            None => !plug.is_empty() && (plugged_at.elapsed() >= shared.config.plug_timeout || !over),
+        };
+        if let Some(v) = victim {
+            if plug.is_empty() {
+                plugged_at = Instant::now();
             }
+            plug.push(v);
+            if plug.len() >= shared.config.compress_batchsize {
+                flush_and_pace(shared, &own, &mut plug, &mut staging, &mut backoff, &mut refused_at);
+            }
+            continue;
         }
+        if flush_now {
+            flush_and_pace(shared, &own, &mut plug, &mut staging, &mut backoff, &mut refused_at);
+            continue;
+        }
+        if over && plug.is_empty() && pause_left.is_zero() {
+            // Nothing left to evict.
+            shared.reclaim_stuck.store(true, Ordering::Release);
+            shared.reclaimed.1.notify_all();
+        }
+        let wait = if !pause_left.is_zero() {
+            pause_left
+        } else if plug.is_empty() {
+            Duration::from_millis(10)
+        } else {
+            shared.config.plug_timeout
+        };
+        let (lock, cv) = &shared.reclaim_signal;
+        let mut kicked = lock.lock().expect("reclaim signal lock");
+        if !*kicked || !pause_left.is_zero() {
+            kicked = cv.wait_timeout(kicked, wait).expect("reclaim signal lock").0;
+        }
+        *kicked = false;
+    }
+}
+
+/// Flushes the plug and sets the pause: none after progress, a growing one
+/// after a plug the store refused entirely (counted in `reclaim_backoffs`).
+fn flush_and_pace(
+    shared: &Shared,
+    own: &Space,
+    plug: &mut Vec<Victim>,
+    staging: &mut Vec<u8>,
+    backoff: &mut Duration,
+    refused_at: &mut Instant,
+) {
+    if flush(shared, own, plug, staging) {
+        *backoff = Duration::ZERO;
+    } else {
+        *backoff = (*backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+        *refused_at = Instant::now();
+        shared.counters.reclaim_backoffs.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 /// Pops folios until one can be taken for eviction (state EVICTING).
-fn next_victim(shared: &Shared) -> Option<Victim> {
+fn next_victim(own: &Space, shared: &Shared) -> Option<Victim> {
     loop {
         let FolioRef { region, folio: i } = shared.fifo.lock().expect("fifo lock").pop_front()?;
-        let Some(region) = shared.region_by_id(region) else { continue };
+        let Some(region) = own.region(region) else { continue };
         let i = i as usize;
         let f = &region.folios[i];
         let w = f.load();
@@ -97,7 +147,7 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
             });
             continue;
         }
-        if !f.transition(w, EVICTING) {
+        if !f.transition(w, EVICTING | (w & folio::EXTRA)) {
             continue;
         }
         return Some(Victim { region, folio: i });
@@ -106,12 +156,15 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
 
 /// Runs of plug entries that are adjacent folios of one region: (first
 /// index into the plug, count).
-fn runs(plug: &[Victim]) -> Vec<(usize, usize)> {
+fn runs(plug: &[Victim], include: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = Vec::new();
     for (k, v) in plug.iter().enumerate() {
+        if !include(k) {
+            continue;
+        }
         match out.last_mut() {
             Some((first, count))
-                if plug[*first].region.id == v.region.id && plug[*first].folio + *count == v.folio =>
+                if *first + *count == k && plug[*first].region.id == v.region.id && plug[*first].folio + *count == v.folio =>
             {
                 *count += 1
             }
@@ -126,17 +179,31 @@ fn run_range(plug: &[Victim], (first, count): (usize, usize)) -> (usize, usize) 
     (v.region.folio_addr(v.folio), count * v.region.folio_size)
 }
 
-/// Write-protects, copies out and stores the plugged folios as one batch,
-/// and drops the stored ones from memory.
-fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
+/// Write-protects a range, retrying while the address space changes.
+fn write_protect(own: &Space, start: usize, len: usize, protect: bool) -> Result<(), UffdError> {
+    loop {
+        match own.uffd.write_protect(start, len, protect) {
+            Err(UffdError::Again) => std::thread::yield_now(),
+            other => return other,
+        }
+    }
+}
+
+/// The one eviction routine: write-protects, copies out and stores the
+/// plugged folios as one batch, drops the stored ones from memory, and
+/// finishes each. Returns whether the store accepted anything.
+fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> bool {
     // Keep the plug sorted so that adjacent folios form runs.
     plug.sort_by_key(|v| (v.region.id, v.folio));
     let mut protected = vec![true; plug.len()];
-    for run in runs(plug) {
+    for run in runs(plug, |_| true) {
         let (start, len) = run_range(plug, run);
-        if shared.uffd.write_protect(start, len, true, &mut std::thread::yield_now).is_err() {
-            // The range is gone or changing: these folios stay as they were.
-            protected[run.0..run.0 + run.1].fill(false);
+        match write_protect(own, start, len, true) {
+            Ok(()) => {}
+            // The range is gone: these folios stay as they were, and the
+            // unmap event says what became of them.
+            Err(UffdError::NoMapping | UffdError::ProcessGone) => protected[run.0..run.0 + run.1].fill(false),
+            Err(e) => panic!("write-protecting {start:#x}+{len:#x}: {e}"),
         }
     }
     let sizes: usize = plug.iter().map(|v| v.region.folio_size).sum();
@@ -150,103 +217,114 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) {
         folios.push(&staging[at..at + v.region.folio_size]);
         at += v.region.folio_size;
     }
-    let results: Vec<Result<crate::zswap::SlotRange, crate::zswap::StoreError>> = if copied {
+    let results: Vec<Result<SlotRange, StoreError>> = if copied {
         shared.store.store_batch(&folios)
     } else {
-        plug.iter().map(|_| Err(crate::zswap::StoreError::Io)).collect()
+        plug.iter().map(|_| Err(StoreError::Io)).collect()
     };
     shared.counters.reclaim_batches.fetch_add(1, Ordering::Relaxed);
 
-    // Drop the stored folios, a run of adjacent ones at a time (not those
-    // the program has partly moved away meanwhile).
-    let stored: Vec<bool> = results
-        .iter()
-        .zip(plug.iter())
-        .map(|(r, v)| r.is_ok() && v.region.folios[v.folio].load() & MOVED == 0)
-        .collect();
-    let mut k = 0;
-    while k < plug.len() {
-        if !stored[k] {
-            k += 1;
-            continue;
-        }
-        let mut n = 1;
-        while k + n < plug.len()
-            && stored[k + n]
-            && plug[k + n].region.id == plug[k].region.id
-            && plug[k + n].folio == plug[k].folio + n
-        {
-            n += 1;
-        }
-        let (start, len) = run_range(plug, (k, n));
-        // The event thread consumes this mark with the REMOVE event that our
-        // MADV_DONTNEED raises (the call returns once the event is read,
-        // possibly before it is handled).
-        shared.own_removes.lock().expect("own removes lock").push(start);
+    // Drop the stored folios, a run of adjacent ones at a time. The event
+    // thread attributes the REMOVE events this raises to the reclaimer (the
+    // call returns once they are read).
+    for run in runs(plug, |k| results[k].is_ok()) {
+        let (start, len) = run_range(plug, run);
+        shared.begin_own_drop(start, len);
         // SAFETY: dropping pages of a managed range that is write-protected
         // and owned by this thread (every folio in it is EVICTING).
-        if unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) } != 0 {
-            // No event was raised for a failed call.
-            shared.own_removes.lock().expect("own removes lock").retain(|&s| s != start);
+        let dropped = unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) };
+        shared.end_own_drop(start);
+        // ENOMEM: part of the range was unmapped meanwhile (the kernel drops
+        // the rest; the unmap event says what became of the folios). Any
+        // other failure would leave stored folios in memory: a bug.
+        if dropped != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM) {
+            panic!("MADV_DONTNEED of {start:#x}+{len:#x}: {}", std::io::Error::last_os_error());
         }
-        k += n;
     }
 
     let mut progress = false;
-    for (((v, result), was_protected), dropped_here) in plug.drain(..).zip(results).zip(protected).zip(stored) {
-        let region = &v.region;
-        let f = &region.folios[v.folio];
-        let start = region.folio_addr(v.folio);
-        let fs = region.folio_size;
-        let result = match result {
-            // Stored, but its pages were kept in place: the copy is void.
-            Ok(range) if !dropped_here => {
-                shared.store.invalidate(range);
-                f.clear_flag(MOVED);
-                Err(crate::zswap::StoreError::Io)
-            }
-            other => other,
-        };
-        match result {
-            Ok(range) => {
-                let clock = shared.evictions.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-                region.evicted_at[v.folio].store(clock, Ordering::Relaxed);
-                shared.resident.fetch_sub(fs, Ordering::AcqRel);
-                if f.load() & DROPPED != 0 {
-                    // The program dropped or moved it meanwhile.
-                    shared.store.invalidate(range);
-                    f.set(UNTOUCHED);
-                } else {
-                    f.set(folio::swapped(range.first));
-                }
-                shared.counters.evicted_folios.fetch_add(1, Ordering::Relaxed);
-                progress = true;
-                // Writers held on the write protection refault and load it.
-                let _ = shared.uffd.wake(start, fs);
-            }
-            Err(_) => {
-                if was_protected {
-                    // Lifting the protection wakes the writers held on it.
-                    let _ = shared.uffd.write_protect(start, fs, false, &mut std::thread::yield_now);
-                } else {
-                    let _ = shared.uffd.wake(start, fs);
-                }
-                let dropped = f.load() & DROPPED != 0;
-                f.set(if dropped { GONE } else { RESIDENT });
-                if dropped {
-                    shared.resident.fetch_sub(fs, Ordering::AcqRel);
-                } else {
-                    shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
-                        region: region.id,
-                        folio: v.folio as u32,
-                    });
-                }
-                shared.counters.eviction_refused.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+    for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
+        progress |= result.is_ok();
+        finish_folio(shared, own, &v.region, v.folio, result, was_protected);
     }
     shared.reclaim_stuck.store(!progress, Ordering::Release);
     shared.reclaimed.1.notify_all();
+    progress
+}
+
+/// Ends one folio's eviction under the gate: applies what the program did to
+/// it meanwhile, hands it to forked children that inherited it, publishes its
+/// state, then wakes the writers held on its protection.
+fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, result: Result<SlotRange, StoreError>, was_protected: bool) {
+    let f = &region.folios[i];
+    let fs = region.folio_size;
+    let pages = region.pages_per_folio() as usize;
+    let mut follow_ups = Vec::new();
+    let gate = shared.gate.read().expect("event gate");
+    let extras = own.take_extras(region, i);
+    let stored = result.as_ref().ok().copied();
+    let outcome = match stored {
+        Some(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
+        None => Outcome::Resident,
+    };
+    events::resolve_inheritors(shared, own.id, region.id, i, outcome, &mut follow_ups);
+    let mut bring_back = false;
+    match stored {
+        Some(range) => {
+            let clock = shared.evictions.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            region.evicted_at[i].store(clock, Ordering::Relaxed);
+            shared.resident.fetch_sub(fs, Ordering::AcqRel);
+            shared.counters.evicted_folios.fetch_add(1, Ordering::Relaxed);
+            if extras.holes().covers(pages) {
+                f.set(if extras.unmapped.covers(pages) { GONE } else { UNTOUCHED });
+                shared.store.invalidate(range);
+            } else if !extras.moved.is_empty() {
+                // Pages moved away meanwhile: put them where they live now.
+                own.update_extras(region, i, |x| *x = extras);
+                f.set(folio::with_slot(LOADING, range.first) | folio::EXTRA);
+                bring_back = true;
+            } else if extras.holes().is_empty() {
+                f.set(folio::with_slot(SWAPPED, range.first));
+            } else {
+                own.update_extras(region, i, |x| *x = extras);
+                f.set(folio::with_slot(SWAPPED, range.first) | folio::EXTRA);
+            }
+        }
+        None => {
+            shared.counters.eviction_refused.fetch_add(1, Ordering::Relaxed);
+            if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
+                f.set(GONE);
+                shared.resident.fetch_sub(fs, Ordering::AcqRel);
+            } else if extras.removed.covers(pages) {
+                f.set(UNTOUCHED);
+                shared.resident.fetch_sub(fs, Ordering::AcqRel);
+            } else {
+                f.set(RESIDENT);
+                shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
+                    region: region.id,
+                    folio: i as u32,
+                });
+            }
+        }
+    }
+    drop(gate);
+    let start = region.folio_addr(i);
+    if stored.is_none() && was_protected {
+        // Lifting the protection wakes the writers held on it; a part the
+        // program unmapped or moved has no protection left to lift.
+        match write_protect(own, start, fs, false) {
+            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
+            Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
+        }
+    }
+    // Writers held on the protection refault and load the folio.
+    swapin::wake_range(own, start, fs);
+    if bring_back {
+        swapin::swap_in(shared, own, region, i, &mut Worker);
+    }
+    for fu in follow_ups {
+        swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker);
+    }
 }
 
 /// Reads the plugged folios into `staging` with one `process_vm_readv`.
@@ -273,9 +351,7 @@ fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
         // SAFETY: the local iovecs cover `staging`; the remote ones name
         // this process's memory, which the kernel checks (an unmapped range
         // is an error, not a fault).
-        let n = unsafe {
-            libc::process_vm_readv(libc::getpid(), l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
-        };
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0) };
         if n < 0 {
             return false;
         }
@@ -288,6 +364,7 @@ fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
 /// until a flush).
 fn release_plug(plug: &mut Vec<Victim>) {
     for v in plug.drain(..) {
-        v.region.folios[v.folio].set(RESIDENT);
+        let f = &v.region.folios[v.folio];
+        f.set(RESIDENT | (f.load() & folio::EXTRA));
     }
 }

@@ -1,69 +1,8 @@
-//! Regions: ranges of memory the runtime manages, folio by folio.
+//! The public handle of a managed range.
 
-use super::folio::{self, Folio};
+use super::space::RegionInner;
 use super::Shared;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-
-/// The runtime's view of one managed range.
-pub(crate) struct RegionInner {
-    pub id: u32,
-    /// Start address; changes when the program moves the range (mremap).
-    pub base: AtomicUsize,
-    pub len: usize,
-    pub folio_size: usize,
-    pub folios: Box<[Folio]>,
-    /// The workingset clock at each folio's last eviction.
-    pub evicted_at: Box<[AtomicU32]>,
-    /// Whether the runtime mapped the memory (and unmaps it on drop).
-    pub owned: bool,
-}
-
-impl RegionInner {
-    pub fn new(id: u32, base: usize, len: usize, folio_size: usize, initial: u64, owned: bool) -> RegionInner {
-        let n = len / folio_size;
-        RegionInner {
-            id,
-            base: AtomicUsize::new(base),
-            len,
-            folio_size,
-            folios: (0..n).map(|_| Folio::new(initial)).collect(),
-            evicted_at: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            owned,
-        }
-    }
-
-    pub fn base(&self) -> usize {
-        self.base.load(Ordering::Acquire)
-    }
-
-    pub fn contains(&self, addr: usize) -> bool {
-        let base = self.base();
-        addr >= base && addr < base + self.len
-    }
-
-    /// Start address of folio `i`.
-    pub fn folio_addr(&self, i: usize) -> usize {
-        self.base() + i * self.folio_size
-    }
-
-    /// The folio holding `addr`.
-    pub fn folio_of(&self, addr: usize) -> usize {
-        (addr - self.base()) / self.folio_size
-    }
-
-    pub fn pages_per_folio(&self) -> u32 {
-        (self.folio_size / super::PAGE_SIZE) as u32
-    }
-
-    /// The store's slot range of a swapped folio word.
-    pub fn slots_of(&self, word: u64) -> crate::zswap::SlotRange {
-        crate::zswap::SlotRange {
-            first: folio::slot(word),
-            pages: self.pages_per_folio(),
-        }
-    }
-}
 
 /// Memory managed by a [`super::Runtime`]: what does not fit under its limit
 /// is compressed away and comes back on touch, transparently.
@@ -78,15 +17,18 @@ pub struct Region {
 }
 
 impl Region {
-    /// The start of the memory.
+    /// The start of the memory (where it is now, if the program moved it
+    /// whole with mremap).
     pub fn as_ptr(&self) -> *mut u8 {
         self.inner.base() as *mut u8
     }
 
+    /// Its length in bytes.
     pub fn len(&self) -> usize {
         self.inner.len
     }
 
+    /// Whether it has no bytes (never: regions hold at least one folio).
     pub fn is_empty(&self) -> bool {
         self.inner.len == 0
     }

@@ -1,12 +1,24 @@
-//! userfaultfd: the few ioctls the runtime needs, with every error spelled
-//! out (the uapi structures are declared here; libc does not carry them).
+//! userfaultfd, typed: the descriptor, the events it delivers, and one
+//! error type for every ioctl outcome the runtime must tell apart.
 //!
-//! Errors the callers must tell apart: `EEXIST` (a page is already there:
-//! someone filled it, just wake), `EAGAIN` (the mapping is changing under a
-//! non-cooperative event: retry after the event thread has read it),
-//! `ENOENT`/`EINVAL` (the range is gone or was never registered), `ESRCH`
-//! (the process is exiting).
+//! The uapi structures are declared here (libc does not carry them). Each
+//! ioctl answers with a [`UffdError`]:
+//!
+//! | errno    | variant                    | what the caller does                          |
+//! |----------|----------------------------|-----------------------------------------------|
+//! | `EEXIST` | [`UffdError::Exists`]      | a page is already there: skip it, wake        |
+//! | `EAGAIN` | [`UffdError::Again`]       | the mapping is changing: read events, retry   |
+//! | `ENOENT` | [`UffdError::NoMapping`]   | no registered mapping covers the whole range  |
+//! | `ESRCH`  | [`UffdError::ProcessGone`] | the address space has exited (or exec'd)      |
+//! | other    | [`UffdError::Os`]          | a bug or an unsupported kernel: fail loudly   |
+//!
+//! A descriptor acts on the address space that created it, whoever calls the
+//! ioctls, so the same code serves the runtime's own process and any other
+//! address space whose descriptor it holds (a forked child's, which arrives
+//! with [`Event::Fork`]).
 
+use crate::page::PAGE_SIZE;
+use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -56,17 +68,17 @@ struct UffdioCopy {
 
 #[repr(C)]
 #[derive(Default)]
-struct UffdioZeropage {
+struct UffdioWriteprotect {
     range: UffdioRange,
     mode: u64,
-    zeropage: i64,
 }
 
 #[repr(C)]
 #[derive(Default)]
-struct UffdioWriteprotect {
+struct UffdioPoison {
     range: UffdioRange,
     mode: u64,
+    updated: i64,
 }
 
 const UFFDIO_API: u64 = iowr(0x3F, std::mem::size_of::<UffdioApi>());
@@ -74,53 +86,157 @@ const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
 const UFFDIO_UNREGISTER: u64 = ior(0x01, std::mem::size_of::<UffdioRange>());
 const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
 const UFFDIO_COPY: u64 = iowr(0x03, std::mem::size_of::<UffdioCopy>());
-const UFFDIO_ZEROPAGE: u64 = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
+const UFFDIO_POISON: u64 = iowr(0x08, std::mem::size_of::<UffdioPoison>());
 /// `/dev/userfaultfd`'s ioctl for a new descriptor: _IO(0xAA, 0x00).
 const USERFAULTFD_IOC_NEW: u64 = IOC_TYPE << 8;
 
 const REGISTER_MODE_MISSING: u64 = 1;
 const REGISTER_MODE_WP: u64 = 2;
 const COPY_MODE_DONTWAKE: u64 = 1;
-const ZEROPAGE_MODE_DONTWAKE: u64 = 1;
+const COPY_MODE_WP: u64 = 2;
 const WRITEPROTECT_MODE_WP: u64 = 1;
+const POISON_MODE_DONTWAKE: u64 = 1;
 
 const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+const FEATURE_EVENT_FORK: u64 = 1 << 1;
 const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
 const FEATURE_THREAD_ID: u64 = 1 << 8;
+const FEATURE_POISON: u64 = 1 << 14;
 
-/// Event codes of `uffd_msg`.
-pub const EVENT_PAGEFAULT: u8 = 0x12;
-pub const EVENT_REMAP: u8 = 0x14;
-pub const EVENT_REMOVE: u8 = 0x15;
-pub const EVENT_UNMAP: u8 = 0x16;
-/// Page fault flags.
-pub const PAGEFAULT_FLAG_WP: u64 = 2;
+const EVENT_PAGEFAULT: u8 = 0x12;
+const EVENT_FORK: u8 = 0x13;
+const EVENT_REMAP: u8 = 0x14;
+const EVENT_REMOVE: u8 = 0x15;
+const EVENT_UNMAP: u8 = 0x16;
+const PAGEFAULT_FLAG_WRITE: u64 = 1;
+const PAGEFAULT_FLAG_WP: u64 = 2;
 
-/// One message read from the descriptor (the kernel's `struct uffd_msg`).
+/// The kernel's `struct uffd_msg`: an event code and a three-word union.
 #[repr(C, packed)]
 #[derive(Clone, Copy)]
-pub struct RawMsg {
-    pub event: u8,
+struct RawMsg {
+    event: u8,
     reserved1: u8,
     reserved2: u16,
     reserved3: u32,
-    /// The union: page fault {flags, address, ptid}; remap {from, to, len};
-    /// remove/unmap {start, end}.
-    pub arg: [u64; 3],
+    arg: [u64; 3],
 }
 
-impl RawMsg {
-    pub const SIZE: usize = 32;
-    pub const ZERO: RawMsg = RawMsg {
-        event: 0,
-        reserved1: 0,
-        reserved2: 0,
-        reserved3: 0,
-        arg: [0; 3],
-    };
+const RAW_MSG_SIZE: usize = 32;
+const _: () = assert!(std::mem::size_of::<RawMsg>() == RAW_MSG_SIZE);
+
+/// What an ioctl on the descriptor answered, when it was not success.
+#[derive(Debug)]
+pub enum UffdError {
+    /// `EEXIST`: a page is already mapped at the address (someone filled it).
+    Exists,
+    /// `EAGAIN`: the address space is changing under an unread
+    /// non-cooperative event; retry after the events have been read.
+    Again,
+    /// `ENOENT` (or `EINVAL` from a range check): no mapping registered
+    /// with this descriptor covers the whole range; it was unmapped, moved,
+    /// or split by mprotect and similar calls.
+    NoMapping,
+    /// `ESRCH`: the address space has exited or replaced itself (exec).
+    ProcessGone,
+    /// Anything else: a bug or an unsupported kernel.
+    Os(io::Error),
+}
+
+impl UffdError {
+    fn last() -> UffdError {
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EEXIST) => UffdError::Exists,
+            Some(libc::EAGAIN) => UffdError::Again,
+            Some(libc::ENOENT) => UffdError::NoMapping,
+            Some(libc::ESRCH) => UffdError::ProcessGone,
+            _ => UffdError::Os(e),
+        }
+    }
+}
+
+impl fmt::Display for UffdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UffdError::Exists => f.write_str("a page is already mapped there (EEXIST)"),
+            UffdError::Again => f.write_str("the mapping is changing (EAGAIN)"),
+            UffdError::NoMapping => f.write_str("no registered mapping covers the range (ENOENT)"),
+            UffdError::ProcessGone => f.write_str("the address space is gone (ESRCH)"),
+            UffdError::Os(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for UffdError {}
+
+impl From<UffdError> for io::Error {
+    fn from(e: UffdError) -> io::Error {
+        match e {
+            UffdError::Os(e) => e,
+            other => io::Error::other(other.to_string()),
+        }
+    }
+}
+
+/// A filling ioctl that stopped early: how many bytes it had filled, and why
+/// it stopped.
+#[derive(Debug)]
+pub struct Partial {
+    /// Bytes filled from the start of the range before the error.
+    pub filled: usize,
+    /// Why it stopped.
+    pub error: UffdError,
+}
+
+/// One event read from the descriptor.
+#[derive(Debug)]
+pub enum Event {
+    /// A thread touched a registered page that is missing, or wrote to a
+    /// write-protected one.
+    PageFault {
+        /// The faulting address (not page-aligned).
+        addr: usize,
+        /// The access was a write.
+        write: bool,
+        /// The fault is a write-protect fault (the page is present).
+        wp: bool,
+        /// The faulting thread's id.
+        tid: u32,
+    },
+    /// The address space forked: the child's registered ranges now raise
+    /// their events on `child`.
+    Fork {
+        /// The child's descriptor (same features as this one).
+        child: Uffd,
+    },
+    /// `mremap` moved `len` bytes from `from` to `to`.
+    Remap {
+        /// Old start.
+        from: usize,
+        /// New start.
+        to: usize,
+        /// Bytes moved (the old length; a shrink has already unmapped the rest).
+        len: usize,
+    },
+    /// `madvise(MADV_DONTNEED/MADV_REMOVE)` is about to drop `start..end`;
+    /// the zap happens after this event is read.
+    Remove {
+        /// Start of the range.
+        start: usize,
+        /// End of the range.
+        end: usize,
+    },
+    /// `munmap` (or a mapping replaced over it) removed `start..end`.
+    Unmap {
+        /// Start of the range.
+        start: usize,
+        /// End of the range.
+        end: usize,
+    },
 }
 
 /// A userfaultfd descriptor with the features the runtime relies on.
@@ -128,19 +244,25 @@ pub struct Uffd {
     fd: OwnedFd,
 }
 
-fn cvt(r: libc::c_int) -> io::Result<()> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
+impl fmt::Debug for Uffd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Uffd({})", self.fd.as_raw_fd())
     }
+}
+
+/// The features [`Uffd::open`] negotiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// Fork events: a child's missing pages keep faulting (on its own
+    /// descriptor) instead of reading as zeros. Needs CAP_SYS_PTRACE.
+    pub fork: bool,
 }
 
 impl Uffd {
     /// Opens a descriptor (through /dev/userfaultfd, else the syscall) and
-    /// negotiates write-protect faults, thread ids and the remove, unmap and
-    /// remap events.
-    pub fn open() -> io::Result<Uffd> {
+    /// negotiates write-protect faults, thread ids, poison, and the remove, unmap, remap and (when `features.fork`)
+    /// fork events.
+    pub fn open(features: Features) -> io::Result<Uffd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         // SAFETY: opening a device node by a NUL-terminated path.
         let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -161,35 +283,47 @@ impl Uffd {
         }
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
         let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(raw) } };
-        let wanted =
-            FEATURE_PAGEFAULT_FLAG_WP | FEATURE_EVENT_REMAP | FEATURE_EVENT_REMOVE | FEATURE_EVENT_UNMAP | FEATURE_THREAD_ID;
+        let mut wanted = FEATURE_PAGEFAULT_FLAG_WP
+            | FEATURE_EVENT_REMAP
+            | FEATURE_EVENT_REMOVE
+            | FEATURE_EVENT_UNMAP
+            | FEATURE_THREAD_ID
+            | FEATURE_POISON;
+        if features.fork {
+            wanted |= FEATURE_EVENT_FORK;
+        }
         let mut api = UffdioApi {
             api: UFFD_API,
             features: wanted,
             ioctls: 0,
         };
-        uffd.ioctl(UFFDIO_API, &mut api)
-            .map_err(|e| io::Error::new(e.kind(), format!("UFFDIO_API with write-protect and events: {e}")))?;
+        uffd.ioctl(UFFDIO_API, &mut api).map_err(|e| {
+            let hint = if features.fork { " (fork events need CAP_SYS_PTRACE)" } else { "" };
+            io::Error::other(format!("UFFDIO_API with write-protect and events{hint}: {e}"))
+        })?;
         Ok(uffd)
     }
 
-    fn ioctl<T>(&self, request: u64, arg: &mut T) -> io::Result<()> {
+    fn ioctl<T>(&self, request: u64, arg: &mut T) -> Result<(), UffdError> {
         // SAFETY: every request is paired with the structure its number
         // encodes, passed by exclusive reference for the call's duration.
-        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), request as _, arg as *mut T) })
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), request as _, arg as *mut T) };
+        if r < 0 {
+            Err(UffdError::last())
+        } else {
+            Ok(())
+        }
     }
 
+    /// The descriptor, for poll.
     pub fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }
 
     /// Registers a range for missing and write-protect faults.
-    pub fn register(&self, start: usize, len: usize) -> io::Result<()> {
+    pub fn register(&self, start: usize, len: usize) -> Result<(), UffdError> {
         let mut reg = UffdioRegister {
-            range: UffdioRange {
-                start: start as u64,
-                len: len as u64,
-            },
+            range: range(start, len),
             mode: REGISTER_MODE_MISSING | REGISTER_MODE_WP,
             ioctls: 0,
         };
@@ -197,123 +331,123 @@ impl Uffd {
     }
 
     /// Unregisters a range; threads blocked on it are woken.
-    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
-        let mut range = UffdioRange {
-            start: start as u64,
-            len: len as u64,
-        };
-        self.ioctl(UFFDIO_UNREGISTER, &mut range)
+    pub fn unregister(&self, start: usize, len: usize) -> Result<(), UffdError> {
+        self.ioctl(UFFDIO_UNREGISTER, &mut range(start, len))
     }
 
     /// Wakes the threads blocked on faults in the range.
-    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
-        let mut range = UffdioRange {
-            start: start as u64,
-            len: len as u64,
+    pub fn wake(&self, start: usize, len: usize) -> Result<(), UffdError> {
+        self.ioctl(UFFDIO_WAKE, &mut range(start, len))
+    }
+
+    /// One UFFDIO_COPY of `src` to `dst` (whole pages, inside one mapping),
+    /// waking nobody; with `write_protect` the pages are installed
+    /// write-protected. On error, [`Partial::filled`] says how far it got.
+    pub fn copy(&self, dst: usize, src: &[u8], write_protect: bool) -> Result<(), Partial> {
+        let mut c = UffdioCopy {
+            dst: dst as u64,
+            src: src.as_ptr() as u64,
+            len: src.len() as u64,
+            mode: COPY_MODE_DONTWAKE | if write_protect { COPY_MODE_WP } else { 0 },
+            copy: 0,
         };
-        self.ioctl(UFFDIO_WAKE, &mut range)
-    }
-
-    /// Installs `src` at `dst` (whole pages) without waking anyone. Pages
-    /// that already exist are skipped (EEXIST); a changing mapping (EAGAIN)
-    /// is retried. Returns an error only when the range cannot be filled
-    /// (gone, or the process is exiting).
-    ///
-    /// Never call it from the thread that reads the descriptor: EAGAIN
-    /// lasts until that thread reads the pending event.
-    pub fn copy_dontwake(&self, dst: usize, src: &[u8]) -> io::Result<()> {
-        self.copy_with(dst, src, &mut std::thread::yield_now)
-    }
-
-    /// [`Uffd::copy_dontwake`], calling `on_eagain` before each retry; the
-    /// event thread passes a function that reads the pending events.
-    pub fn copy_with(&self, dst: usize, src: &[u8], on_eagain: &mut dyn FnMut()) -> io::Result<()> {
-        self.fill(src.len(), on_eagain, |done| {
-            let mut c = UffdioCopy {
-                dst: (dst + done) as u64,
-                src: src[done..].as_ptr() as u64,
-                len: (src.len() - done) as u64,
-                mode: COPY_MODE_DONTWAKE,
-                copy: 0,
-            };
-            (self.ioctl(UFFDIO_COPY, &mut c), c.copy)
+        self.ioctl(UFFDIO_COPY, &mut c).map_err(|error| Partial {
+            filled: c.copy.max(0) as usize,
+            error,
         })
     }
 
-    /// Maps the zero page over the range, without waking; existing pages
-    /// are skipped; `on_eagain` runs before each retry of a changing mapping.
-    pub fn zeropage_with(&self, start: usize, len: usize, on_eagain: &mut dyn FnMut()) -> io::Result<()> {
-        self.fill(len, on_eagain, |done| {
-            let mut z = UffdioZeropage {
-                range: UffdioRange {
-                    start: (start + done) as u64,
-                    len: (len - done) as u64,
-                },
-                mode: ZEROPAGE_MODE_DONTWAKE,
-                zeropage: 0,
-            };
-            (self.ioctl(UFFDIO_ZEROPAGE, &mut z), z.zeropage)
+    /// Marks the missing pages of the range poisoned (a touch raises SIGBUS),
+    /// waking nobody.
+    pub fn poison(&self, start: usize, len: usize) -> Result<(), Partial> {
+        let mut p = UffdioPoison {
+            range: range(start, len),
+            mode: POISON_MODE_DONTWAKE,
+            updated: 0,
+        };
+        self.ioctl(UFFDIO_POISON, &mut p).map_err(|error| Partial {
+            filled: p.updated.max(0) as usize,
+            error,
         })
     }
 
-    /// Drives a filling ioctl over `len` bytes: `attempt(done)` fills from
-    /// offset `done` and returns its result and the bytes it reports. An
-    /// existing page (EEXIST) is skipped, a changing mapping (EAGAIN)
-    /// retried after `on_eagain`.
-    fn fill(
-        &self,
-        len: usize,
-        on_eagain: &mut dyn FnMut(),
-        mut attempt: impl FnMut(usize) -> (io::Result<()>, i64),
-    ) -> io::Result<()> {
-        let page = 4096;
-        let mut done = 0usize;
-        while done < len {
-            let (result, filled) = attempt(done);
-            let Err(e) = result else { return Ok(()) };
-            if filled > 0 {
-                done += filled as usize;
-            }
-            match e.raw_os_error() {
-                Some(libc::EEXIST) => done += page,
-                Some(libc::EAGAIN) => on_eagain(),
-                _ => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Write-protects the range (writers then fault and wait), or, with
-    /// `protect` false, lifts the protection and wakes them. A changing
-    /// mapping (EAGAIN) is retried after `on_eagain` (the event thread must
-    /// read the pending events there: nobody else will).
-    pub fn write_protect(&self, start: usize, len: usize, protect: bool, on_eagain: &mut dyn FnMut()) -> io::Result<()> {
+    /// Write-protects the range (present and missing pages: writers then
+    /// fault and wait), or, with `protect` false, lifts the protection and
+    /// wakes them.
+    pub fn write_protect(&self, start: usize, len: usize, protect: bool) -> Result<(), UffdError> {
         let mut wp = UffdioWriteprotect {
-            range: UffdioRange {
-                start: start as u64,
-                len: len as u64,
-            },
+            range: range(start, len),
             mode: if protect { WRITEPROTECT_MODE_WP } else { 0 },
         };
-        loop {
-            match self.ioctl(UFFDIO_WRITEPROTECT, &mut wp) {
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => on_eagain(),
-                other => return other,
-            }
-        }
+        self.ioctl(UFFDIO_WRITEPROTECT, &mut wp)
     }
 
-    /// Reads up to `buf.len()` messages without blocking; returns how many.
-    pub fn read_messages(&self, buf: &mut [RawMsg]) -> io::Result<usize> {
+    /// Whether the address space behind the descriptor still exists: a
+    /// write-protect change of nothing answers `ESRCH` once it has exited.
+    pub fn is_alive(&self) -> bool {
+        // An empty range is refused before the address space is looked at,
+        // so probe one page far from anything mapped (ENOENT when alive).
+        !matches!(self.write_protect(0, PAGE_SIZE, false), Err(UffdError::ProcessGone))
+    }
+
+    /// Reads the pending events without blocking and appends them to `out`;
+    /// returns how many. A fork's descriptor is owned as soon as it is read.
+    pub fn read_events(&self, out: &mut Vec<Event>) -> Result<usize, UffdError> {
+        const BATCH: usize = 64;
+        let mut buf = [RawMsg {
+            event: 0,
+            reserved1: 0,
+            reserved2: 0,
+            reserved3: 0,
+            arg: [0; 3],
+        }; BATCH];
         // SAFETY: `buf` is writable for its length in bytes; RawMsg is plain
         // data whose every bit pattern is valid.
-        let n = unsafe {
-            libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), std::mem::size_of_val(buf))
-        };
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), std::mem::size_of_val(&buf)) };
         if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.raw_os_error() == Some(libc::EAGAIN) { Ok(0) } else { Err(e) };
+            return match UffdError::last() {
+                UffdError::Again => Ok(0),
+                e => Err(e),
+            };
         }
-        Ok(n as usize / RawMsg::SIZE)
+        let count = n as usize / RAW_MSG_SIZE;
+        for msg in &buf[..count] {
+            let arg = msg.arg;
+            out.push(match msg.event {
+                EVENT_PAGEFAULT => Event::PageFault {
+                    addr: arg[1] as usize,
+                    write: arg[0] & PAGEFAULT_FLAG_WRITE != 0,
+                    wp: arg[0] & PAGEFAULT_FLAG_WP != 0,
+                    tid: arg[2] as u32,
+                },
+                EVENT_FORK => Event::Fork {
+                    // SAFETY: the kernel installed this descriptor in our
+                    // table for this message; nothing else owns it.
+                    child: Uffd { fd: unsafe { OwnedFd::from_raw_fd(arg[0] as u32 as i32) } },
+                },
+                EVENT_REMAP => Event::Remap {
+                    from: arg[0] as usize,
+                    to: arg[1] as usize,
+                    len: arg[2] as usize,
+                },
+                EVENT_REMOVE => Event::Remove {
+                    start: arg[0] as usize,
+                    end: arg[1] as usize,
+                },
+                EVENT_UNMAP => Event::Unmap {
+                    start: arg[0] as usize,
+                    end: arg[1] as usize,
+                },
+                other => return Err(UffdError::Os(io::Error::other(format!("unknown userfaultfd event {other:#x}")))),
+            });
+        }
+        Ok(count)
+    }
+}
+
+fn range(start: usize, len: usize) -> UffdioRange {
+    UffdioRange {
+        start: start as u64,
+        len: len as u64,
     }
 }

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Bytes per page.
-pub const PAGE_SIZE: usize = 4096;
+pub use crate::page::PAGE_SIZE;
 /// The longest zspage, in pages.
 pub const MAX_PAGES_PER_ZSPAGE: usize = 8;
 /// The largest object.

@@ -15,7 +15,7 @@
 //! ```
 
 use crate::zpool::Handle;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 const KIND_SHIFT: u32 = 60;
 const EMPTY: u64 = 0;
@@ -80,6 +80,10 @@ pub(crate) const REFERENCED: u8 = 2;
 pub(crate) struct Index {
     entries: Box<[AtomicU64]>,
     crcs: Box<[AtomicU32]>,
+    /// References to each stored page (the kernel's swap_map count): one
+    /// per address space whose memory still holds the slot, so that a
+    /// forked child and its parent share an entry until both are done.
+    users: Box<[AtomicU16]>,
     pub lru_flags: Box<[AtomicU8]>,
 }
 
@@ -89,6 +93,7 @@ impl Index {
         Index {
             entries: (0..n).map(|_| AtomicU64::new(EMPTY)).collect(),
             crcs: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            users: (0..n).map(|_| AtomicU16::new(0)).collect(),
             lru_flags: (0..n).map(|_| AtomicU8::new(0)).collect(),
         }
     }
@@ -105,6 +110,28 @@ impl Index {
     pub fn publish(&self, slot: u32, entry: Entry, crc: u32) {
         self.crcs[slot as usize].store(crc, Ordering::Relaxed);
         self.entries[slot as usize].store(entry.encode(), Ordering::Release);
+    }
+
+    /// Publishes a newly stored page with one user.
+    pub fn publish_new(&self, slot: u32, entry: Entry, crc: u32) {
+        self.users[slot as usize].store(1, Ordering::Relaxed);
+        self.publish(slot, entry, crc);
+    }
+
+    /// Adds a user to a stored page; false if the count would overflow.
+    pub fn add_user(&self, slot: u32) -> bool {
+        self.users[slot as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_add(1))
+            .is_ok()
+    }
+
+    /// Drops a user; true when it was the last one (the entry is then to be
+    /// freed).
+    pub fn drop_user(&self, slot: u32) -> bool {
+        let prev = self.users[slot as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)))
+            .expect("the update always succeeds");
+        prev <= 1
     }
 
     /// Takes the slot for exclusive work: waits out another owner, then

@@ -1,5 +1,13 @@
-//! The load path (exclusive: entries are freed once the folio is back) and
-//! invalidation.
+//! The load path and invalidation.
+//!
+//! Loads do not free anything: [`Inner::read`] reconstructs a folio and
+//! leaves its entries in place, so that the caller frees them only once the
+//! bytes are safely back where they belong ([`Inner::invalidate`], which
+//! drops one user of each slot). A slot has one user per address space that
+//! holds it (a fork adds one with [`Inner::share`]); the last user's
+//! invalidation frees the entry, the pool object going with the slot (off
+//! the fault path, by the slot release mode), as the kernel frees a zswap
+//! entry with its swap slot.
 
 use super::index::Entry;
 use super::stats::bump;
@@ -13,7 +21,9 @@ thread_local! {
 }
 
 impl Inner {
-    pub(crate) fn load(&self, range: SlotRange, dst: &mut [u8]) -> Result<(), LoadError> {
+    /// Reconstructs a folio into `dst` (its pages, in order) and leaves its
+    /// entries stored. Counts the pages read (zswpin, swpin_zero, pswpin).
+    pub(crate) fn read(&self, range: SlotRange, dst: &mut [u8]) -> Result<(), LoadError> {
         assert_eq!(dst.len(), range.pages as usize * PAGE_SIZE, "dst must hold the whole folio");
         let mut claimed: Vec<(u32, Entry)> = Vec::with_capacity(range.pages as usize);
         for slot in range.slots() {
@@ -25,32 +35,37 @@ impl Inner {
                 entry => claimed.push((slot, entry)),
             }
         }
-        if let Err(e) = self.fill(&claimed, dst) {
-            self.unclaim(&claimed);
-            return Err(e);
-        }
+        let filled = self.fill(&claimed, dst);
+        self.unclaim(&claimed);
+        filled?;
         let (mut pooled, mut same, mut filed) = (0, 0, 0);
-        for &(slot, entry) in &claimed {
+        for &(_, entry) in &claimed {
             match entry {
-                Entry::Pool { handle, len, raw } => {
-                    self.account_pool_object(len, raw, false);
-                    pooled += 1;
-                    // The object goes when the slot does (see the free hook).
-                    self.index.release(slot, Entry::Stale(handle));
-                    self.releaser.release(slot);
-                    continue;
-                }
+                Entry::Pool { .. } => pooled += 1,
                 Entry::Same(_) => same += 1,
                 Entry::File => filed += 1,
                 Entry::Empty | Entry::Busy | Entry::Stale(_) => unreachable!("claimed entries hold data"),
             }
-            self.index.release(slot, Entry::Empty);
-            self.releaser.release(slot);
         }
         bump(&self.counters.zswpin, pooled);
         bump(&self.counters.swpin_zero, same);
         bump(&self.counters.pswpin, filed);
         Ok(())
+    }
+
+    /// Adds a user to every slot of a stored folio (a forked address space
+    /// now holds it too). False, with nothing added, if a slot holds
+    /// nothing or its count is full.
+    pub(crate) fn share(&self, range: SlotRange) -> bool {
+        for (k, slot) in range.slots().enumerate() {
+            if matches!(self.index.get(slot), Entry::Empty | Entry::Stale(_)) || !self.index.add_user(slot) {
+                for undo in range.slots().take(k) {
+                    self.index.drop_user(undo);
+                }
+                return false;
+            }
+        }
+        true
     }
 
     fn unclaim(&self, claimed: &[(u32, Entry)]) {
@@ -117,17 +132,22 @@ impl Inner {
         })
     }
 
+    /// Drops one user of each slot of the folio; the last user's drop frees
+    /// the entry and the slot.
     pub(crate) fn invalidate(&self, range: SlotRange) {
         for slot in range.slots() {
+            if !self.index.drop_user(slot) {
+                continue;
+            }
             match self.index.claim(slot) {
                 Entry::Empty => continue,
                 Entry::Pool { handle, len, raw } => {
-                    self.pool.free(handle);
                     self.account_pool_object(len, raw, false);
+                    // The object goes when the slot does (see the free hook).
+                    self.index.release(slot, Entry::Stale(handle));
                 }
-                Entry::Same(_) | Entry::File | Entry::Busy | Entry::Stale(_) => {}
+                Entry::Same(_) | Entry::File | Entry::Busy | Entry::Stale(_) => self.index.release(slot, Entry::Empty),
             }
-            self.index.release(slot, Entry::Empty);
             self.releaser.release(slot);
         }
     }

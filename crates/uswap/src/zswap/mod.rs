@@ -4,9 +4,11 @@
 //! folio a contiguous run of swap slots, records same-filled pages without
 //! compressing them, compresses every other page of every folio of the batch
 //! on the `accel` device, and copies the results into the `zpool`. A folio
-//! is stored all or nothing. [`Zswap::load`] brings a folio back (one
-//! decompression batch) and frees its entries: loads are exclusive, as in
-//! the kernel. A pool at its limit refuses stores until it has drained to
+//! is stored all or nothing. [`Zswap::read`] brings a folio back (one
+//! decompression batch) and leaves its entries; [`Zswap::invalidate`] frees
+//! them once the caller has put the bytes back. A fork shares entries
+//! ([`Zswap::share`]): each slot counts its users, like the kernel's
+//! swap_map, and the last user frees it. A pool at its limit refuses stores until it has drained to
 //! the accept threshold; a writeback worker moves cold entries (LRU with a
 //! second chance) to the swap file.
 //!
@@ -36,10 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Bytes per page.
-pub const PAGE_SIZE: usize = 4096;
-/// The largest folio: 512 pages (2 MiB).
-pub const MAX_FOLIO_PAGES: usize = 512;
+pub use crate::page::{MAX_FOLIO_PAGES, PAGE_SIZE};
 
 /// A folio's slots: `pages` consecutive slots from `first`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -287,13 +286,30 @@ impl Zswap {
         self.inner.store_batch(folios)
     }
 
-    /// Loads a folio into `dst` (its pages, in order) and frees its entries
-    /// and slots.
-    pub fn load(&self, range: SlotRange, dst: &mut [u8]) -> Result<(), LoadError> {
-        self.inner.load(range, dst)
+    /// Reads a folio into `dst` (its pages, in order), leaving its entries
+    /// stored: the caller invalidates them once the bytes are in place.
+    pub fn read(&self, range: SlotRange, dst: &mut [u8]) -> Result<(), LoadError> {
+        self.inner.read(range, dst)
     }
 
-    /// Drops a folio's entries and frees its slots without reading them.
+    /// Loads a folio exclusively: [`Zswap::read`], then [`Zswap::invalidate`].
+    /// On error the entries stay.
+    pub fn load(&self, range: SlotRange, dst: &mut [u8]) -> Result<(), LoadError> {
+        self.inner.read(range, dst)?;
+        self.inner.invalidate(range);
+        Ok(())
+    }
+
+    /// Adds a user to every slot of a stored folio: another address space
+    /// (a forked child) holds it too, and the entries live until every user
+    /// has invalidated them. False, with nothing added, if any slot holds
+    /// nothing.
+    pub fn share(&self, range: SlotRange) -> bool {
+        self.inner.share(range)
+    }
+
+    /// Drops one user of a folio's entries; the last user frees the entries
+    /// and slots, without reading them.
     pub fn invalidate(&self, range: SlotRange) {
         self.inner.invalidate(range)
     }

@@ -212,7 +212,7 @@ impl Inner {
         }
         let (mut pooled, mut same, mut filed) = (0, 0, 0);
         for &(slot, entry, crc) in &plan.staged {
-            self.index.publish(slot, entry, crc);
+            self.index.publish_new(slot, entry, crc);
             match entry {
                 Entry::Pool { len, raw, .. } => {
                     pooled += 1;

@@ -2,11 +2,10 @@
 //! machine, with no store behind it, so that the runtime's fault latency can
 //! be reported as a ratio to them.
 
-use super::uffd::{RawMsg, Uffd, EVENT_PAGEFAULT};
-use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+use uswap::mm::uffd::{Event, Features, Partial, Uffd, UffdError};
 
 /// One userfaultfd for all floor measurements.
 pub struct Probe {
@@ -22,26 +21,68 @@ struct Scratch<'a> {
 
 impl Probe {
     pub fn new() -> io::Result<Probe> {
-        Ok(Probe { uffd: Uffd::open()? })
+        Ok(Probe {
+            uffd: Uffd::open(Features { fork: false })?,
+        })
     }
 
     fn scratch(&self, len: usize) -> io::Result<Scratch<'_>> {
-        let base = crate::sys::map_anonymous(len)?.as_ptr() as usize;
-        self.uffd.register(base, len)?;
-        Ok(Scratch {
+        // SAFETY: a fresh private anonymous mapping at an address of the
+        // kernel's choosing; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = p as usize;
+        let scratch = Scratch {
             uffd: &self.uffd,
             base,
             len,
-        })
+        };
+        self.uffd.register(base, len)?;
+        Ok(scratch)
     }
 }
 
 impl Drop for Scratch<'_> {
     fn drop(&mut self) {
-        let _ = self.uffd.unregister(self.base, self.len);
+        // Unregistering a range that failed to register is refused; either
+        // way the mapping goes.
+        if let Err(e) = self.uffd.unregister(self.base, self.len) {
+            eprintln!("floor: unregistering the scratch mapping: {e}");
+        }
         // SAFETY: our own mapping, unmapped once.
         unsafe { libc::munmap(self.base as *mut _, self.len) };
     }
+}
+
+/// Installs `data` at `start`, reading events (with `on_again`) while the
+/// address space changes; a page already there is fine.
+fn install(uffd: &Uffd, start: usize, data: &[u8], mut on_again: impl FnMut()) -> io::Result<()> {
+    let mut done = 0;
+    while done < data.len() {
+        match uffd.copy(start + done, &data[done..], false) {
+            Ok(()) => return Ok(()),
+            Err(Partial { filled, error }) => {
+                done += filled;
+                match error {
+                    UffdError::Exists => done += 4096,
+                    UffdError::Again => on_again(),
+                    e => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Latencies (ns) of `count` first touches, each served by a handler thread
@@ -51,12 +92,11 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
     let scratch = probe.scratch(unit * count)?;
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let handler = s.spawn(|| {
+        let handler = s.spawn(|| -> io::Result<()> {
             let data = vec![0x5au8; unit];
-            let mut msgs = [RawMsg::ZERO; 16];
-            let mut pending: VecDeque<RawMsg> = VecDeque::new();
+            let mut events: Vec<Event> = Vec::new();
             while !done.load(Ordering::Acquire) {
-                if pending.is_empty() {
+                if events.is_empty() {
                     let mut pfd = libc::pollfd {
                         fd: scratch.uffd.raw_fd(),
                         events: libc::POLLIN,
@@ -66,27 +106,26 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
                     if unsafe { libc::poll(&mut pfd, 1, 20) } <= 0 {
                         continue;
                     }
-                    let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
-                    pending.extend(&msgs[..n]);
+                    scratch.uffd.read_events(&mut events)?;
                 }
-                while let Some(m) = pending.pop_front() {
-                    let arg = m.arg;
-                    if m.event != EVENT_PAGEFAULT {
-                        continue;
-                    }
+                let batch = std::mem::take(&mut events);
+                for event in batch {
+                    let Event::PageFault { addr, .. } = event else { continue };
                     // Units are counted from the scratch base, which the
                     // kernel aligned to a page only.
-                    let start = scratch.base + (arg[1] as usize - scratch.base) / unit * unit;
+                    let start = scratch.base + (addr - scratch.base) / unit * unit;
                     // As on the runtime's event thread: a changing mapping is
                     // waited out by reading the event that changes it.
-                    let _ = scratch.uffd.copy_with(start, &data, &mut || {
-                        let n = scratch.uffd.read_messages(&mut msgs).unwrap_or(0);
-                        pending.extend(&msgs[..n]);
+                    install(scratch.uffd, start, &data, || {
+                        if let Err(e) = scratch.uffd.read_events(&mut events) {
+                            eprintln!("floor: reading events: {e}");
+                        }
                         std::thread::yield_now();
-                    });
-                    let _ = scratch.uffd.wake(start, unit);
+                    })?;
+                    scratch.uffd.wake(start, unit)?;
                 }
             }
+            Ok(())
         });
         let mut out = Vec::with_capacity(count);
         for i in 0..count {
@@ -99,7 +138,7 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
             assert_eq!(v, 0x5a, "the handler installed the page");
         }
         done.store(true, Ordering::Release);
-        handler.join().expect("floor handler");
+        handler.join().expect("floor handler")?;
         Ok(out)
     })
 }
@@ -111,7 +150,7 @@ pub fn uffdio_copy_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Ve
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
         let t = Instant::now();
-        scratch.uffd.copy_dontwake(scratch.base + i * unit, &data)?;
+        install(scratch.uffd, scratch.base + i * unit, &data, std::thread::yield_now)?;
         out.push(t.elapsed().as_nanos() as u64);
     }
     Ok(out)

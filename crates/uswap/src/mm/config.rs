@@ -1,0 +1,207 @@
+//! The runtime's knobs and their builder.
+
+use crate::page::PAGE_SIZE;
+use crate::size::parse_size;
+use crate::swap::FreeMode;
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The runtime's knobs, named as in the kernel.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Resident managed memory above which the reclaimer evicts.
+    pub memory_high: usize,
+    /// The unit evicted, stored and brought back together (4K..2M).
+    pub folio_size: usize,
+    /// Codec by kernel name.
+    pub compressor: String,
+    /// Folios collected in the reclaim plug before they are stored together.
+    pub compress_batchsize: usize,
+    /// Readahead of 2^page_cluster folios (the faulting one included).
+    pub page_cluster: u32,
+    /// Pool limit as a percentage of physical memory (kernel default 20).
+    pub max_pool_percent: u8,
+    /// Pool limit in bytes, overriding the percentage.
+    pub max_pool_bytes: Option<usize>,
+    /// Stores resume below this percentage of the pool limit.
+    pub accept_threshold_percent: u8,
+    /// Compression engines.
+    pub engines: usize,
+    /// The swap file: directory and size; `None` for none.
+    pub swap_file: Option<(PathBuf, u64)>,
+    /// Swap slots when there is no swap file.
+    pub swap_slots: u32,
+    /// How released slots are freed.
+    pub slot_free: FreeMode,
+    /// Threads serving page faults that must wait.
+    pub fillers: usize,
+    /// How long a partly filled plug waits for more folios.
+    pub plug_timeout: Duration,
+    /// Serve forked children (UFFD_FEATURE_EVENT_FORK, which needs
+    /// CAP_SYS_PTRACE). Without it a child would read swapped-out memory as
+    /// zeros, so the runtime then refuses to start rather than risk it,
+    /// unless this is false: the caller promises not to fork while regions
+    /// exist.
+    pub serve_forks: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            memory_high: 256 << 20,
+            folio_size: 64 << 10,
+            compressor: "lz4".into(),
+            compress_batchsize: 8,
+            page_cluster: 0,
+            max_pool_percent: 20,
+            max_pool_bytes: None,
+            accept_threshold_percent: 90,
+            engines: 2,
+            swap_file: None,
+            swap_slots: 1 << 20,
+            slot_free: FreeMode::Async,
+            fillers: 2,
+            plug_timeout: Duration::from_millis(1),
+            serve_forks: true,
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// How far resident managed memory may exceed `memory_high` before a
+    /// faulting thread waits for reclaim: two plugs of folios and one
+    /// readahead window per fault server, but at least 1/64 of the limit and
+    /// 1 MiB, so that reclaim can run beside the faulting threads instead of
+    /// in front of every fault (as memory.high lets usage overshoot and
+    /// reclaims on the way back to user space).
+    pub fn slack(&self) -> usize {
+        let plug = self.compress_batchsize.max(1) * self.folio_size;
+        let readahead = (self.fillers + 1) * (1usize << self.page_cluster) * self.folio_size;
+        (2 * plug + readahead).max(self.memory_high / 64).max(1 << 20)
+    }
+
+    /// Checks the knobs against each other.
+    pub fn validate(&self) -> Result<(), BadConfig> {
+        let fs = self.folio_size;
+        if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
+            return Err(BadConfig(format!("folio_size {fs}: expected a power of two from 4k to 2M")));
+        }
+        if !(1..=32).contains(&self.compress_batchsize) {
+            return Err(BadConfig("compress_batchsize must be 1..=32".into()));
+        }
+        if self.page_cluster > 9 {
+            return Err(BadConfig("page_cluster must be at most 9".into()));
+        }
+        if self.memory_high < fs {
+            return Err(BadConfig("memory_high must hold at least one folio".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A bad knob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadConfig(pub String);
+
+impl std::fmt::Display for BadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadConfig {}
+
+impl From<BadConfig> for io::Error {
+    fn from(e: BadConfig) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidInput, e.0)
+    }
+}
+
+/// Builds a [`super::Runtime`]; sizes accept "64k", "512M", "2G".
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    config: RuntimeConfig,
+}
+
+fn size(text: &str) -> Result<u64, BadConfig> {
+    parse_size(text).map_err(|e| BadConfig(e.to_string()))
+}
+
+impl Builder {
+    /// The defaults.
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    /// Sets `memory_high`.
+    pub fn memory_high(mut self, text: &str) -> Result<Builder, BadConfig> {
+        self.config.memory_high = size(text)? as usize;
+        Ok(self)
+    }
+
+    /// Sets the folio size.
+    pub fn folio_size(mut self, text: &str) -> Result<Builder, BadConfig> {
+        self.config.folio_size = size(text)? as usize;
+        Ok(self)
+    }
+
+    /// Replaces every knob at once.
+    pub fn config(mut self, config: RuntimeConfig) -> Builder {
+        self.config = config;
+        self
+    }
+
+    /// Sets the codec by kernel name.
+    pub fn compressor(mut self, name: &str) -> Builder {
+        self.config.compressor = name.to_string();
+        self
+    }
+
+    /// Sets the plug size in folios.
+    pub fn compress_batchsize(mut self, n: usize) -> Builder {
+        self.config.compress_batchsize = n;
+        self
+    }
+
+    /// Sets readahead to 2^n folios.
+    pub fn page_cluster(mut self, n: u32) -> Builder {
+        self.config.page_cluster = n;
+        self
+    }
+
+    /// Sets the number of compression engines.
+    pub fn engines(mut self, n: usize) -> Builder {
+        self.config.engines = n;
+        self
+    }
+
+    /// Adds a swap file in `dir` of `text` bytes.
+    pub fn swap_file(mut self, dir: PathBuf, text: &str) -> Result<Builder, BadConfig> {
+        self.config.swap_file = Some((dir, size(text)?));
+        Ok(self)
+    }
+
+    /// Sets how released slots are freed.
+    pub fn slot_free(mut self, mode: FreeMode) -> Builder {
+        self.config.slot_free = mode;
+        self
+    }
+
+    /// Sets the pool limit as a percentage of physical memory.
+    pub fn max_pool_percent(mut self, percent: u8) -> Builder {
+        self.config.max_pool_percent = percent;
+        self
+    }
+
+    /// Sets the accept threshold.
+    pub fn accept_threshold_percent(mut self, percent: u8) -> Builder {
+        self.config.accept_threshold_percent = percent;
+        self
+    }
+
+    /// Starts the runtime.
+    pub fn build(self) -> io::Result<super::Runtime> {
+        super::Runtime::new(self.config)
+    }
+}

@@ -1,0 +1,88 @@
+//! The runtime's own counters (the store's are in [`crate::zswap::ZswapStats`]),
+//! each documented once, here.
+
+use crate::zswap::ZswapStats;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Live counters.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $(pub $name: AtomicU64,)*
+        }
+
+        /// A snapshot of the runtime's counters.
+        #[derive(Debug, Clone, Default)]
+        pub struct RuntimeStats {
+            /// The store's counters (zswpout, zswpin, pswpout, ...).
+            pub store: ZswapStats,
+            $($(#[$doc])* pub $name: u64,)*
+            /// Managed memory of the runtime's own process resident now.
+            pub resident_bytes: u64,
+            /// Forked address spaces being served now.
+            pub children: u64,
+        }
+
+        impl Counters {
+            pub fn snapshot(&self, store: ZswapStats, resident_bytes: u64, children: u64) -> RuntimeStats {
+                RuntimeStats {
+                    store,
+                    $($name: self.$name.load(Relaxed),)*
+                    resident_bytes,
+                    children,
+                }
+            }
+        }
+
+        impl RuntimeStats {
+            /// Every counter as (name, value), the store's first.
+            pub fn named(&self) -> Vec<(String, u64)> {
+                let mut v = self.store.named();
+                $(v.push((stringify!($name).to_string(), self.$name));)*
+                v.push(("resident_bytes".to_string(), self.resident_bytes));
+                v.push(("children".to_string(), self.children));
+                v
+            }
+        }
+    };
+}
+
+counters! {
+    /// Folios brought back from the store or the swap file (major faults).
+    pgmajfault,
+    /// Page-fault events received, from every address space.
+    faults,
+    /// First touches served with zero pages.
+    zero_fills,
+    /// Writes that met a folio being evicted and waited.
+    wp_faults,
+    /// Pages brought in ahead of a fault (page_cluster).
+    swap_ra,
+    /// Faults that waited for reclaim because memory was over the limit.
+    throttled,
+    /// Folios evicted.
+    evicted_folios,
+    /// Folios the store refused (they stayed resident).
+    eviction_refused,
+    /// Plugs flushed to the store.
+    reclaim_batches,
+    /// Times the reclaimer backed off because the store refused everything
+    /// (pool full and no swap file): it waits for the pool to drain instead
+    /// of recompressing the same folios.
+    reclaim_backoffs,
+    /// Refaulted folios given a second pass (short refault distance).
+    refaults_activated,
+    /// Folios whose stored data was unusable: their missing pages were
+    /// poisoned, and a touch raises SIGBUS.
+    sigbus,
+    /// Fork events: child address spaces taken into service.
+    forks,
+    /// Child address spaces found gone (exit or exec) and released.
+    children_exited,
+    /// Folios a program dropped, unmapped or moved only in part.
+    partial_folio_events,
+    /// Installs that had to go page by page because the folio spans more
+    /// than one mapping (mprotect, mlock, partial munmap split it).
+    split_installs,
+}

@@ -1,0 +1,323 @@
+//! The program's memory events: madvise (REMOVE), munmap (UNMAP), mremap
+//! (REMAP) and fork (FORK), and the end of a forked child. mprotect and
+//! mlock raise no event; the mappings they split are handled where pages
+//! are installed ([`super::swapin`]).
+//!
+//! Every handler here runs on the event thread while it holds the event
+//! gate's write side, right after reading the event (see
+//! [`super::Shared::gate`]): they only change bookkeeping, never call an
+//! ioctl that could answer EAGAIN, and never wait. Work that needs an
+//! install is returned as a [`FollowUp`] for the event thread to do once the
+//! gate is released.
+//!
+//! What each event does to a folio it covers in part or in whole:
+//!
+//! | state      | dropped (REMOVE)         | unmapped (UNMAP)          | moved away in part (REMAP)   |
+//! |------------|--------------------------|---------------------------|------------------------------|
+//! | RESIDENT   | whole: UNTOUCHED         | GONE                      | GONE (pages moved with it)   |
+//! | SWAPPED    | whole: UNTOUCHED, freed; part: extras | whole: GONE, freed; part: extras | LOADING + follow-up swap-in |
+//! | busy       | extras                   | extras                    | extras                       |
+//!
+//! ("extras": recorded for the folio's owner or its next swap-in, see
+//! [`super::space`].)
+
+use super::folio::{self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING};
+use super::space::{Extras, Owner, RegionInner, Space};
+use super::uffd::Uffd;
+use super::Shared;
+use crate::page::PAGE_SIZE;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+/// A swap-in the event thread must do once it has released the gate.
+pub(crate) struct FollowUp {
+    /// The space.
+    pub space: Arc<Space>,
+    /// The region.
+    pub region: Arc<RegionInner>,
+    /// The folio, owned as LOADING.
+    pub folio: usize,
+}
+
+/// A child's folio waiting for its parent's eviction to end.
+pub(crate) struct Inheritor {
+    /// The parent: (space id, region id, folio).
+    pub from: (u32, u32, usize),
+    /// The child.
+    pub space: Weak<Space>,
+    /// The child's region.
+    pub region: Arc<RegionInner>,
+}
+
+/// What a parent's busy folio ended as, for its inheritors.
+#[derive(Clone, Copy)]
+pub(crate) enum Outcome {
+    /// Stored and dropped: the child shares the entries.
+    Swapped(u64),
+    /// Still in memory (the eviction was refused): so is the child's copy.
+    Resident,
+}
+
+/// The part `lo..hi` (in pages) of folio `i` that `start..end` covers.
+fn covered(region: &RegionInner, i: usize, start: usize, end: usize) -> (usize, usize) {
+    let at = region.folio_addr(i);
+    let lo = start.max(at) - at;
+    let hi = end.min(at + region.folio_size) - at;
+    (lo / PAGE_SIZE, hi.div_ceil(PAGE_SIZE))
+}
+
+/// Each (region, folio) overlapping `start..end` in `space`.
+fn folios_in(space: &Space, start: usize, end: usize) -> Vec<(Arc<RegionInner>, usize)> {
+    let mut out = Vec::new();
+    for region in space.overlapping(start, end) {
+        let first = region.folio_of(start.max(region.base()));
+        let last = region.folio_of(end.min(region.base() + region.len) - 1);
+        out.extend((first..=last).map(|i| (region.clone(), i)));
+    }
+    out
+}
+
+/// The program dropped (MADV_DONTNEED) `start..end`; the kernel zaps the
+/// pages after this event is read.
+pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize) {
+    for (region, i) in folios_in(space, start, end) {
+        let (lo, hi) = covered(&region, i, start, end);
+        let pages = region.pages_per_folio() as usize;
+        let f = &region.folios[i];
+        let w = f.load();
+        if hi - lo < pages {
+            shared.counters.partial_folio_events.fetch_add(1, Ordering::Relaxed);
+        }
+        match folio::state(w) {
+            RESIDENT if hi - lo == pages => {
+                f.set(UNTOUCHED);
+                space.take_extras(&region, i);
+                uncount_resident(shared, space, &region);
+            }
+            // The zap leaves holes that read as zero.
+            RESIDENT => {}
+            SWAPPED => {
+                space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
+                let x = space.extras_of(&region, i, f.load());
+                if x.holes().covers(pages) {
+                    let after = if x.unmapped.covers(pages) { GONE } else { UNTOUCHED };
+                    space.take_extras(&region, i);
+                    f.set(after);
+                    shared.store.invalidate(region.slots_of(w));
+                }
+            }
+            EVICTING | LOADING | ZEROING | INHERITING => space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi)),
+            _ => {}
+        }
+    }
+}
+
+/// The program unmapped `start..end` (already gone from its page tables).
+pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize) {
+    for (region, i) in folios_in(space, start, end) {
+        let (lo, hi) = covered(&region, i, start, end);
+        let pages = region.pages_per_folio() as usize;
+        record_unmapped(&region, lo * PAGE_SIZE + region.folio_addr(i) - region.base(), (hi - lo) * PAGE_SIZE);
+        if hi - lo < pages {
+            shared.counters.partial_folio_events.fetch_add(1, Ordering::Relaxed);
+        }
+        let f = &region.folios[i];
+        let w = f.load();
+        match folio::state(w) {
+            // What is left of a partly unmapped resident folio stays where
+            // it is, no longer tracked.
+            RESIDENT => {
+                f.set(GONE);
+                space.take_extras(&region, i);
+                uncount_resident(shared, space, &region);
+            }
+            SWAPPED => {
+                space.update_extras(&region, i, |x| x.unmapped.insert_range(lo, hi));
+                if space.extras_of(&region, i, f.load()).unmapped.covers(pages) {
+                    space.take_extras(&region, i);
+                    f.set(GONE);
+                    shared.store.invalidate(region.slots_of(w));
+                }
+            }
+            EVICTING | LOADING | ZEROING | INHERITING => space.update_extras(&region, i, |x| x.unmapped.insert_range(lo, hi)),
+            UNTOUCHED | POISONED => f.set(GONE),
+            _ => {}
+        }
+    }
+}
+
+/// Remembers that the program unmapped `len` bytes at `offset` of the
+/// region, so that dropping the region never unmaps what may since belong to
+/// an unrelated mapping.
+fn record_unmapped(region: &RegionInner, offset: usize, len: usize) {
+    region.unmapped.lock().expect("unmapped lock").push((offset, offset + len));
+}
+
+fn uncount_resident(shared: &Shared, space: &Space, region: &RegionInner) {
+    if space.owner == Owner::Runtime {
+        shared.resident.fetch_sub(region.folio_size, Ordering::AcqRel);
+    }
+}
+
+/// The program moved `len` bytes from `from` to `to` (mremap). A whole
+/// region moves with its folios; folios a move cuts through leave the
+/// bookkeeping once their pages are where they now belong.
+pub(crate) fn on_remap(shared: &Shared, space: &Arc<Space>, from: usize, to: usize, len: usize, follow_ups: &mut Vec<FollowUp>) {
+    if let Some((region, _)) = space.lookup(from) {
+        if from == region.base() && len == region.len {
+            region.base.store(to, Ordering::Release);
+            return;
+        }
+    }
+    for (region, i) in folios_in(space, from, from + len) {
+        let (lo, hi) = covered(&region, i, from, from + len);
+        let dest = to + (region.folio_addr(i) + lo * PAGE_SIZE - from);
+        record_unmapped(&region, lo * PAGE_SIZE + region.folio_addr(i) - region.base(), (hi - lo) * PAGE_SIZE);
+        shared.counters.partial_folio_events.fetch_add(1, Ordering::Relaxed);
+        let f = &region.folios[i];
+        let w = f.load();
+        match folio::state(w) {
+            // The pages moved with their page tables; the rest stay.
+            RESIDENT => {
+                f.set(GONE);
+                space.take_extras(&region, i);
+                uncount_resident(shared, space, &region);
+            }
+            UNTOUCHED | POISONED => f.set(GONE),
+            SWAPPED => {
+                space.update_extras(&region, i, |x| x.moved.push((lo, hi, dest)));
+                f.set(folio::with_slot(LOADING, folio::slot(w)) | (f.load() & folio::EXTRA));
+                follow_ups.push(FollowUp {
+                    space: space.clone(),
+                    region: region.clone(),
+                    folio: i,
+                });
+            }
+            EVICTING | LOADING | ZEROING | INHERITING => space.update_extras(&region, i, |x| x.moved.push((lo, hi, dest))),
+            _ => {}
+        }
+    }
+}
+
+/// The address space `parent` forked: the child's registered memory now
+/// faults on `child`. Builds the child's view of every region from the
+/// parent's at this moment (the fork has copied the page tables and waits
+/// for this event to be read).
+pub(crate) fn on_fork(shared: &Shared, parent: &Space, child: Uffd) -> Arc<Space> {
+    let space = Arc::new(Space::new(shared.next_space_id(), child, Owner::Child));
+    let mut regions = Vec::new();
+    for r in parent.regions.read().expect("regions lock").iter() {
+        let copy = Arc::new(RegionInner::new(r.id, r.base(), r.len, r.folio_size, UNTOUCHED, false));
+        *copy.unmapped.lock().expect("unmapped lock") = r.unmapped.lock().expect("unmapped lock").clone();
+        for (i, f) in r.folios.iter().enumerate() {
+            let w = f.load();
+            let extras = parent.extras_of(r, i, w);
+            let state = match folio::state(w) {
+                UNTOUCHED | ZEROING => UNTOUCHED,
+                RESIDENT => RESIDENT,
+                // A load in progress has installed some pages, which the
+                // child has; it shares the entries for the others.
+                SWAPPED | LOADING if shared.store.share(r.slots_of(w)) => folio::with_slot(SWAPPED, folio::slot(w)),
+                SWAPPED | LOADING => panic!("a swapped folio's entries are gone at fork"),
+                EVICTING | INHERITING => {
+                    shared.inheritors.lock().expect("inheritors lock").push(Inheritor {
+                        from: (parent.id, r.id, i),
+                        space: Arc::downgrade(&space),
+                        region: copy.clone(),
+                    });
+                    INHERITING
+                }
+                POISONED => POISONED,
+                _ => GONE,
+            };
+            copy.folios[i].set(state);
+            if !is_empty(&extras) && state != GONE && state != RESIDENT {
+                space.update_extras(&copy, i, |x| *x = extras);
+            }
+        }
+        regions.push(copy);
+    }
+    *space.regions.write().expect("regions lock") = regions;
+    shared.counters.forks.fetch_add(1, Ordering::Relaxed);
+    space
+}
+
+fn is_empty(x: &Extras) -> bool {
+    x.removed.is_empty() && x.unmapped.is_empty() && x.moved.is_empty()
+}
+
+/// A busy folio of `space` ended as `outcome`: its inheritors in forked
+/// children take it over (and theirs, recursively). Runs under the gate's
+/// read side (the owner's finish) or write side.
+pub(crate) fn resolve_inheritors(shared: &Shared, space: u32, region: u32, i: usize, outcome: Outcome, follow_ups: &mut Vec<FollowUp>) {
+    let heirs: Vec<Inheritor> = {
+        let mut all = shared.inheritors.lock().expect("inheritors lock");
+        if all.is_empty() {
+            return;
+        }
+        let (mine, rest) = std::mem::take(&mut *all).into_iter().partition(|h| h.from == (space, region, i));
+        *all = rest;
+        mine
+    };
+    for heir in heirs {
+        let Some(child) = heir.space.upgrade() else { continue };
+        let f = &heir.region.folios[i];
+        let extras = child.extras_of(&heir.region, i, f.load());
+        let pages = heir.region.pages_per_folio() as usize;
+        let next = match outcome {
+            Outcome::Resident => {
+                child.take_extras(&heir.region, i);
+                if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
+                    GONE
+                } else {
+                    RESIDENT
+                }
+            }
+            Outcome::Swapped(_) if !child.alive.load(Ordering::Acquire) || extras.holes().covers(pages) => {
+                child.take_extras(&heir.region, i);
+                if extras.unmapped.covers(pages) { GONE } else { UNTOUCHED }
+            }
+            Outcome::Swapped(word) => {
+                assert!(shared.store.share(heir.region.slots_of(word)), "an evicted folio's entries are gone");
+                if extras.moved.is_empty() {
+                    folio::with_slot(SWAPPED, folio::slot(word)) | (f.load() & folio::EXTRA)
+                } else {
+                    follow_ups.push(FollowUp {
+                        space: child.clone(),
+                        region: heir.region.clone(),
+                        folio: i,
+                    });
+                    folio::with_slot(LOADING, folio::slot(word)) | (f.load() & folio::EXTRA)
+                }
+            }
+        };
+        f.set(next);
+        super::swapin::wake_range(&child, heir.region.folio_addr(i), heir.region.folio_size);
+        let settled = match folio::state(next) {
+            SWAPPED | LOADING => Outcome::Swapped(next),
+            _ => Outcome::Resident,
+        };
+        resolve_inheritors(shared, child.id, heir.region.id, i, settled, follow_ups);
+    }
+}
+
+/// A child address space has exited or exec'd: drops its references to
+/// stored entries. Runs under the gate's write side; folios a worker is
+/// loading are released by that worker when its install finds the space
+/// gone.
+pub(crate) fn release_space(shared: &Shared, space: &Space) {
+    space.alive.store(false, Ordering::Release);
+    for region in space.regions.read().expect("regions lock").iter() {
+        for (i, f) in region.folios.iter().enumerate() {
+            let w = f.load();
+            if folio::state(w) == SWAPPED {
+                f.set(GONE);
+                shared.store.invalidate(region.slots_of(w));
+            } else if folio::state(w) == INHERITING {
+                f.set(GONE);
+            }
+            space.take_extras(region, i);
+        }
+    }
+    shared.counters.children_exited.fetch_add(1, Ordering::Relaxed);
+}

@@ -1,0 +1,212 @@
+//! Address spaces and their regions.
+//!
+//! An address space is what the runtime serves: a userfaultfd (which acts on
+//! the process that created it, whoever calls its ioctls), the regions
+//! registered with it, and what is known about each folio. The runtime's own
+//! process is one; each fork adds one for the child, whose descriptor
+//! arrives with the fork event. Only the runtime's own space is evicted
+//! from and counts towards `memory_high` (dropping a page of another process
+//! needs a thread inside it); every space's faults are served.
+//!
+//! Extras: what the program did to part of a folio while the runtime could
+//! not apply it at once. A partial MADV_DONTNEED (`removed`: those pages
+//! read as zero), a partial munmap (`unmapped`), or a move that cut through
+//! the folio (`moved`: pages that now live elsewhere). The owner of a busy
+//! folio, or the next swap-in of a swapped one, applies them.
+
+use super::folio::{self, Folio, EXTRA};
+use super::uffd::Uffd;
+use crate::page::{PageMask, PAGE_SIZE};
+use crate::zswap::SlotRange;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// The runtime's view of one managed range of one address space.
+pub(crate) struct RegionInner {
+    /// Unique within its space; a child's copy keeps its parent's id.
+    pub id: u32,
+    /// Start address; changes when the program moves the whole range.
+    pub base: AtomicUsize,
+    /// Length in bytes (whole folios).
+    pub len: usize,
+    /// The unit evicted, stored and loaded together.
+    pub folio_size: usize,
+    /// One word per folio.
+    pub folios: Box<[Folio]>,
+    /// The workingset clock at each folio's last eviction.
+    pub evicted_at: Box<[AtomicU32]>,
+    /// Whether the runtime mapped the memory (and unmaps it on drop).
+    pub owned: bool,
+    /// Byte ranges (offsets from the region's start) the program unmapped or
+    /// moved away: never unmapped or unregistered by the runtime, since an
+    /// unrelated mapping may live there now.
+    pub unmapped: Mutex<Vec<(usize, usize)>>,
+}
+
+impl RegionInner {
+    /// A region of `len / folio_size` folios in state `initial`.
+    pub fn new(id: u32, base: usize, len: usize, folio_size: usize, initial: u64, owned: bool) -> RegionInner {
+        let n = len / folio_size;
+        RegionInner {
+            id,
+            base: AtomicUsize::new(base),
+            len,
+            folio_size,
+            folios: (0..n).map(|_| Folio::new(initial)).collect(),
+            evicted_at: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            owned,
+            unmapped: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The current start address.
+    pub fn base(&self) -> usize {
+        self.base.load(Ordering::Acquire)
+    }
+
+    /// Whether `addr` lies in the region.
+    pub fn contains(&self, addr: usize) -> bool {
+        let base = self.base();
+        addr >= base && addr < base + self.len
+    }
+
+    /// Start address of folio `i`.
+    pub fn folio_addr(&self, i: usize) -> usize {
+        self.base() + i * self.folio_size
+    }
+
+    /// The folio holding `addr`.
+    pub fn folio_of(&self, addr: usize) -> usize {
+        (addr - self.base()) / self.folio_size
+    }
+
+    /// Pages per folio.
+    pub fn pages_per_folio(&self) -> u32 {
+        (self.folio_size / PAGE_SIZE) as u32
+    }
+
+    /// The store's slot range of a SWAPPED or LOADING word.
+    pub fn slots_of(&self, word: u64) -> SlotRange {
+        SlotRange {
+            first: folio::slot(word),
+            pages: self.pages_per_folio(),
+        }
+    }
+}
+
+/// What happened to part of a folio (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extras {
+    /// Pages dropped by MADV_DONTNEED: they read as zero.
+    pub removed: PageMask,
+    /// Pages unmapped.
+    pub unmapped: PageMask,
+    /// Pages moved away: (first page, end page, where the first now lives).
+    pub moved: Vec<(usize, usize, usize)>,
+}
+
+impl Extras {
+    /// Pages not to install at the folio's own address.
+    pub fn holes(&self) -> PageMask {
+        let mut h = self.removed;
+        h.union(&self.unmapped);
+        for &(lo, hi, _) in &self.moved {
+            h.insert_range(lo, hi);
+        }
+        h
+    }
+
+    /// Where page `p` of a folio at `folio_addr` lives now, or None if it
+    /// must not be installed.
+    pub fn destination(&self, folio_addr: usize, p: usize) -> Option<usize> {
+        if let Some(&(lo, _, to)) = self.moved.iter().find(|&&(lo, hi, _)| (lo..hi).contains(&p)) {
+            return Some(to + (p - lo) * PAGE_SIZE);
+        }
+        (!self.removed.contains(p) && !self.unmapped.contains(p)).then_some(folio_addr + p * PAGE_SIZE)
+    }
+}
+
+/// Whose memory a space is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// The runtime's own process: evicted from, counted in `memory_high`.
+    Runtime,
+    /// A forked child: served, not evicted from.
+    Child,
+}
+
+/// One address space the runtime serves.
+pub(crate) struct Space {
+    /// Unique per runtime.
+    pub id: u32,
+    /// Its userfaultfd.
+    pub uffd: Uffd,
+    /// Whose memory it is.
+    pub owner: Owner,
+    /// The managed ranges.
+    pub regions: RwLock<Vec<Arc<RegionInner>>>,
+    /// Extras by (region id, folio index), for folios with [`EXTRA`] set.
+    pub extras: Mutex<HashMap<(u32, usize), Extras>>,
+    /// False once the address space has exited or exec'd.
+    pub alive: AtomicBool,
+}
+
+impl Space {
+    /// A space with no regions yet.
+    pub fn new(id: u32, uffd: Uffd, owner: Owner) -> Space {
+        Space {
+            id,
+            uffd,
+            owner,
+            regions: RwLock::new(Vec::new()),
+            extras: Mutex::new(HashMap::new()),
+            alive: AtomicBool::new(true),
+        }
+    }
+
+    /// The region and folio index holding `addr`.
+    pub fn lookup(&self, addr: usize) -> Option<(Arc<RegionInner>, usize)> {
+        let regions = self.regions.read().expect("regions lock");
+        let r = regions.iter().find(|r| r.contains(addr))?;
+        Some((r.clone(), r.folio_of(addr)))
+    }
+
+    /// The regions overlapping `start..end`.
+    pub fn overlapping(&self, start: usize, end: usize) -> Vec<Arc<RegionInner>> {
+        self.regions
+            .read()
+            .expect("regions lock")
+            .iter()
+            .filter(|r| r.base() < end && start < r.base() + r.len)
+            .cloned()
+            .collect()
+    }
+
+    /// The region with `id`.
+    pub fn region(&self, id: u32) -> Option<Arc<RegionInner>> {
+        self.regions.read().expect("regions lock").iter().find(|r| r.id == id).cloned()
+    }
+
+    /// Changes a folio's extras (creating them) and sets [`EXTRA`].
+    pub fn update_extras(&self, region: &RegionInner, i: usize, f: impl FnOnce(&mut Extras)) {
+        let mut extras = self.extras.lock().expect("extras lock");
+        f(extras.entry((region.id, i)).or_default());
+        region.folios[i].set_flag(EXTRA);
+    }
+
+    /// A copy of a folio's extras (empty when it has none).
+    pub fn extras_of(&self, region: &RegionInner, i: usize, word: u64) -> Extras {
+        if word & EXTRA == 0 {
+            return Extras::default();
+        }
+        self.extras.lock().expect("extras lock").get(&(region.id, i)).cloned().unwrap_or_default()
+    }
+
+    /// Removes a folio's extras and clears [`EXTRA`]; returns them.
+    pub fn take_extras(&self, region: &RegionInner, i: usize) -> Extras {
+        let taken = self.extras.lock().expect("extras lock").remove(&(region.id, i));
+        region.folios[i].clear_flag(EXTRA);
+        taken.unwrap_or_default()
+    }
+}

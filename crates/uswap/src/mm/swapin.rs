@@ -1,0 +1,320 @@
+//! Swap-in: the one routine that puts a folio's bytes back in place, for a
+//! fault, readahead, a partial drop, a region given back, or a move that
+//! cut through a folio.
+//!
+//! Order, so that nothing is freed before its bytes are safe:
+//!
+//! 1. the caller owns the folio (LOADING, or ZEROING for a first touch);
+//! 2. [`Zswap::read`](crate::zswap::Zswap::read) reconstructs it and frees
+//!    nothing;
+//! 3. [`install`] copies it in, one UFFDIO_COPY per mapping: a folio that
+//!    mprotect, mlock or a partial munmap split across mappings is installed
+//!    piece by piece, pages the program dropped or unmapped meanwhile are
+//!    skipped, pages it moved go where they now live;
+//! 4. under the event gate (see [`super::Shared::gate`]) the folio's new
+//!    state is published, and only then is this address space's reference to
+//!    the stored entries dropped;
+//! 5. the waiting threads are woken.
+//!
+//! Unusable stored data (checksum, decompression or swap file read failure)
+//! poisons the folio's missing pages instead: every touch raises SIGBUS, the
+//! kernel's answer to a failed swap-in, never wrong bytes.
+
+use super::folio::{self, ACTIVE, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
+use super::space::{Extras, Owner, RegionInner, Space};
+use super::uffd::{Partial, UffdError};
+use super::{FolioRef, Shared};
+use crate::page::PAGE_SIZE;
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+
+/// The thread doing the work: what it may do while it does.
+pub(crate) trait Server {
+    /// Whether it may wait for reclaim.
+    fn may_wait(&self) -> bool;
+    /// Called when an ioctl meets a changing address space (EAGAIN), with no
+    /// lock held: the event thread reads the pending events there, any other
+    /// thread yields to it.
+    fn on_eagain(&mut self);
+}
+
+/// Any thread but the event thread.
+pub(crate) struct Worker;
+
+impl Server for Worker {
+    fn may_wait(&self) -> bool {
+        true
+    }
+
+    fn on_eagain(&mut self) {
+        std::thread::yield_now();
+    }
+}
+
+/// What goes into the pages.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// The folio's bytes.
+    Data(&'a [u8]),
+    /// Poison markers (a touch raises SIGBUS).
+    Poison,
+}
+
+/// How an install ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Installed {
+    /// Every page is in place or was skipped (dropped, unmapped, present).
+    Done,
+    /// The address space has exited.
+    SpaceGone,
+}
+
+thread_local! {
+    /// One folio's worth of data being loaded.
+    static FOLIO_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// A folio of zeros, the source of first-touch installs.
+    static ZERO_FOLIO: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a thread-local buffer of `size` bytes (zeroed once, when it
+/// grows).
+pub(crate) fn with_zero_folio<R>(size: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    ZERO_FOLIO.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < size {
+            b.resize(size, 0);
+        }
+        f(&b[..size])
+    })
+}
+
+/// Installs `source` over folio `i` of `region` honouring its extras, then
+/// runs `finish` under the event gate with the extras it honoured, and wakes
+/// the folio's whole range and every place its pages moved to (a thread may
+/// wait on a page that was skipped: it refaults and finds the folio
+/// settled).
+pub(crate) fn install(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    source: Source<'_>,
+    server: &mut dyn Server,
+    finish: &mut dyn FnMut(&Extras),
+) -> Installed {
+    let pages = region.pages_per_folio() as usize;
+    let mut done = crate::page::PageMask::default();
+    let mut wake: Vec<(usize, usize)> = Vec::new();
+    let outcome = 'attempts: loop {
+        let gate = shared.gate.read().expect("event gate");
+        let extras = space.extras_of(region, i, region.folios[i].load());
+        let at = region.folio_addr(i);
+        let mut p = 0;
+        while p < pages {
+            let Some(dst) = (!done.contains(p)).then(|| extras.destination(at, p)).flatten() else {
+                done.insert_range(p, p + 1);
+                p += 1;
+                continue;
+            };
+            let mut q = p + 1;
+            while q < pages && !done.contains(q) && extras.destination(at, q) == Some(dst + (q - p) * PAGE_SIZE) {
+                q += 1;
+            }
+            match fill(space, dst, p, q, source) {
+                Ok(()) => {
+                    done.insert_range(p, q);
+                    p = q;
+                }
+                Err(Partial { filled, error }) => {
+                    let k = p + filled / PAGE_SIZE;
+                    done.insert_range(p, k);
+                    match error {
+                        // Already there (installed by someone, or present):
+                        // leave it.
+                        UffdError::Exists => {
+                            done.insert_range(k, k + 1);
+                            p = k + 1;
+                        }
+                        // The run crosses a mapping boundary, or a page has
+                        // no mapping: go page by page; a page with no
+                        // mapping was unmapped and is skipped.
+                        UffdError::NoMapping if q - k > 1 => {
+                            shared.counters.split_installs.fetch_add(1, Ordering::Relaxed);
+                            for page in k..q {
+                                let d = dst + (page - p) * PAGE_SIZE;
+                                match fill(space, d, page, page + 1, source) {
+                                    Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping, .. }) => {}
+                                    Err(Partial { error: UffdError::Again, .. }) => {
+                                        drop(gate);
+                                        server.on_eagain();
+                                        continue 'attempts;
+                                    }
+                                    Err(Partial { error: UffdError::ProcessGone, .. }) => break 'attempts Installed::SpaceGone,
+                                    Err(Partial { error: UffdError::Os(e), .. }) => panic!("installing a page at {d:#x}: {e}"),
+                                }
+                                done.insert_range(page, page + 1);
+                            }
+                            p = q;
+                        }
+                        UffdError::NoMapping => {
+                            done.insert_range(k, k + 1);
+                            p = k + 1;
+                        }
+                        UffdError::Again => {
+                            drop(gate);
+                            server.on_eagain();
+                            continue 'attempts;
+                        }
+                        UffdError::ProcessGone => break 'attempts Installed::SpaceGone,
+                        UffdError::Os(e) => panic!("installing {} pages at {dst:#x}: {e}", q - k),
+                    }
+                }
+            }
+        }
+        finish(&extras);
+        drop(gate);
+        wake.push((at, region.folio_size));
+        wake.extend(extras.moved.iter().map(|&(lo, hi, to)| (to, (hi - lo) * PAGE_SIZE)));
+        break Installed::Done;
+    };
+    for (start, len) in wake {
+        wake_range(space, start, len);
+    }
+    outcome
+}
+
+/// One fill ioctl of pages `p..q` of the source at `dst`.
+fn fill(space: &Space, dst: usize, p: usize, q: usize, source: Source<'_>) -> Result<(), Partial> {
+    match source {
+        Source::Data(data) => space.uffd.copy(dst, &data[p * PAGE_SIZE..q * PAGE_SIZE], false),
+        Source::Poison => space.uffd.poison(dst, (q - p) * PAGE_SIZE),
+    }
+}
+
+/// Wakes the threads waiting on faults in a range. UFFDIO_WAKE looks at no
+/// mapping, so it fails only on a malformed range: a bug.
+pub(crate) fn wake_range(space: &Space, start: usize, len: usize) {
+    if let Err(e) = space.uffd.wake(start, len) {
+        match e {
+            UffdError::ProcessGone => {}
+            e => panic!("waking {start:#x}+{len:#x}: {e}"),
+        }
+    }
+}
+
+/// The state a folio takes once its pages are back, given what the program
+/// did to it meanwhile: untracked if part of it was unmapped or moved away,
+/// untouched if all of it was dropped, else resident.
+fn settled_state(extras: &Extras, pages: usize) -> u64 {
+    if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
+        GONE
+    } else if extras.removed.covers(pages) {
+        UNTOUCHED
+    } else {
+        RESIDENT
+    }
+}
+
+/// Publishes a folio whose pages are in place (under the gate): its new
+/// state, resident accounting and reclaim order for the runtime's own space.
+fn publish_settled(shared: &Shared, space: &Space, region: &RegionInner, i: usize, extras: &Extras, active: bool) {
+    let state = settled_state(extras, region.pages_per_folio() as usize);
+    // A settled folio keeps no extras: its holes are missing pages, which
+    // read as zero (resident) or are no longer ours (gone).
+    space.take_extras(region, i);
+    let resident = state == RESIDENT && space.owner == Owner::Runtime;
+    region.folios[i].set(if resident && active { RESIDENT | ACTIVE } else { state });
+    if resident {
+        shared.resident.fetch_add(region.folio_size, Ordering::AcqRel);
+        shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
+            region: region.id,
+            folio: i as u32,
+        });
+        if shared.resident.load(Ordering::Relaxed) > shared.config.memory_high {
+            shared.kick_reclaim();
+        }
+    }
+}
+
+/// First touch of an untouched folio (owned as ZEROING): zero pages.
+pub(crate) fn zero_fill(shared: &Shared, space: &Space, region: &RegionInner, i: usize, server: &mut dyn Server) -> Installed {
+    // Real zeroed pages rather than the shared zero page: the first write to
+    // a zero-page mapping is a copy-on-write fault whose TLB flush
+    // interrupts every CPU running the process, which costs more than the
+    // copy.
+    let outcome = with_zero_folio(region.folio_size, |zeros| {
+        install(shared, space, region, i, Source::Data(zeros), server, &mut |extras| {
+            publish_settled(shared, space, region, i, extras, false)
+        })
+    });
+    if outcome == Installed::SpaceGone {
+        region.folios[i].set(GONE);
+    }
+    shared.counters.zero_fills.fetch_add(1, Ordering::Relaxed);
+    outcome
+}
+
+/// How a swap-in ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SwappedIn {
+    /// The folio is back (or settled as its extras say).
+    Done,
+    /// The stored data was unusable: the folio is poisoned.
+    Poisoned,
+    /// The address space has exited.
+    SpaceGone,
+}
+
+/// Brings folio `i` (owned by the caller as LOADING, the word holding its
+/// slots) back in, then drops this space's reference to its entries.
+pub(crate) fn swap_in(shared: &Shared, space: &Space, region: &RegionInner, i: usize, server: &mut dyn Server) -> SwappedIn {
+    let word = region.folios[i].load();
+    debug_assert_eq!(folio::state(word), LOADING);
+    let range = region.slots_of(word);
+    let read = FOLIO_BUF.with(|b| {
+        let mut buf = b.borrow_mut();
+        if buf.len() < region.folio_size {
+            buf.resize(region.folio_size, 0);
+        }
+        let buf = &mut buf[..region.folio_size];
+        if shared.store.read(range, buf).is_err() {
+            return None;
+        }
+        // A refault soon after eviction (distance shorter than what fits in
+        // memory) marks the folio active: the FIFO gives it a second pass.
+        let now = shared.evictions.load(Ordering::Relaxed);
+        let distance = now.wrapping_sub(region.evicted_at[i].load(Ordering::Relaxed)) as usize;
+        let active = distance < shared.config.memory_high / region.folio_size;
+        Some(install(shared, space, region, i, Source::Data(buf), server, &mut |extras| {
+            publish_settled(shared, space, region, i, extras, active);
+            if active {
+                shared.counters.refaults_activated.fetch_add(1, Ordering::Relaxed);
+            }
+        }))
+    });
+    match read {
+        Some(Installed::Done) => {
+            shared.store.invalidate(range);
+            shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
+            SwappedIn::Done
+        }
+        Some(Installed::SpaceGone) => {
+            region.folios[i].set(GONE);
+            shared.store.invalidate(range);
+            SwappedIn::SpaceGone
+        }
+        None => {
+            let outcome = install(shared, space, region, i, Source::Poison, server, &mut |_| {
+                space.take_extras(region, i);
+                region.folios[i].set(POISONED);
+            });
+            if outcome == Installed::SpaceGone {
+                region.folios[i].set(GONE);
+            }
+            // The entries cannot produce the data; holding them helps nobody.
+            shared.store.invalidate(range);
+            shared.counters.sigbus.fetch_add(1, Ordering::Relaxed);
+            SwappedIn::Poisoned
+        }
+    }
+}
