@@ -23,8 +23,10 @@
 //!
 //! Modules: [`config`] (knobs), [`job`] (jobs and completion records),
 //! [`engine`] (the engine threads and their queues), [`stats`] (per-engine
-//! counters), [`device`] (submission, polling, batches).
+//! counters), [`device`] (submission, polling, batches), [`byn`] (a by_n
+//! frame's segments as one batch).
 
+pub mod byn;
 pub mod config;
 mod device;
 mod engine;
