@@ -114,6 +114,7 @@ impl Device {
         Device::new(DeviceConfig::with_engines(0)).expect("a device without engines starts no thread")
     }
 
+    /// The configuration the device was started with.
     pub fn config(&self) -> &DeviceConfig {
         &self.config
     }
@@ -267,7 +268,9 @@ impl Device {
     ///
     /// Buffers lent to the scope must be borrowed from outside `f`: they have
     /// to outlive the scope, which waits for the engines only after `f`
-    /// returns (see the module docs for why the types enforce this).
+    /// returns. The types enforce this (`accel/device.rs` explains how), so
+    /// misuse does not compile; see [`Scope::submit`], [`Scope::wait`] and
+    /// [`Ticket`].
     ///
     /// ```
     /// use uswap::accel::{Device, DeviceConfig, Op};
