@@ -2,8 +2,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use uswap::accel::Device;
-use uswap::codec::{by_name, byn, CODEC_NAMES};
+use uswap::accel::{byn, Device};
+use uswap::codec::{by_name, CODEC_NAMES};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 3 {

@@ -8,7 +8,8 @@
 //!   compressed segments.
 //! - [`accel`]: the software model of a multi-engine compression device: many
 //!   buffers at once on K engines, submit then poll, bounded queues, software
-//!   fallback, verification.
+//!   fallback, verification; and the by_n driver, which runs a frame's
+//!   segments on the engines as one batch.
 //! - [`zpool`]: compressed objects packed into pages (zsmalloc's design).
 //! - [`swap`]: swap slots (cluster allocator, free modes) and the swap file.
 //! - [`zswap`]: the store: slot -> entry, batched folio stores, exclusive

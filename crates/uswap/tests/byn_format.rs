@@ -2,7 +2,7 @@
 //! flagged and stored as they are, and bad arguments are refused.
 
 use rand::{Rng, SeedableRng};
-use uswap::accel::{Device, DeviceConfig};
+use uswap::accel::{self, Device, DeviceConfig};
 use uswap::codec::{by_name, byn, CodecError, CODEC_NAMES};
 use uswap::corpus;
 
@@ -17,7 +17,7 @@ fn every_n_and_codec_roundtrips_corpus_folios() {
             for n in [1usize, 2, 4, 8, 16, 32, 64] {
                 for folio in &folios {
                     let mut dst = vec![0u8; folio.len()];
-                    let len = match byn::compress(&device, codec.as_ref(), n, folio, &mut dst) {
+                    let len = match accel::byn::compress(&device, codec.as_ref(), n, folio, &mut dst) {
                         Ok(len) => len,
                         // A poorly compressible folio cut small may not pay
                         // for its header.
@@ -34,7 +34,7 @@ fn every_n_and_codec_roundtrips_corpus_folios() {
                     assert_eq!(header.segments, n);
                     assert_eq!(header.codec, codec.id());
                     let mut out = vec![0u8; folio.len()];
-                    byn::decompress(&device, codec.as_ref(), &dst[..len], &mut out).unwrap();
+                    accel::byn::decompress(&device, codec.as_ref(), &dst[..len], &mut out).unwrap();
                     assert!(out == **folio, "{name} n={n} engines={engines}");
                 }
             }
@@ -51,18 +51,18 @@ fn incompressible_segments_are_stored_raw() {
     let device = Device::new(DeviceConfig::with_engines(2)).unwrap();
     let codec = by_name("lz4").unwrap();
     let mut dst = vec![0u8; folio.len()];
-    let len = byn::compress(&device, codec.as_ref(), 2, &folio, &mut dst).unwrap();
+    let len = accel::byn::compress(&device, codec.as_ref(), 2, &folio, &mut dst).unwrap();
     let header = byn::parse_header(&dst[..len], folio.len()).unwrap();
     assert_eq!(header.entries[0], (true, 32 << 10));
     assert!(!header.entries[1].0);
     let mut out = vec![0u8; folio.len()];
-    byn::decompress(&device, codec.as_ref(), &dst[..len], &mut out).unwrap();
+    accel::byn::decompress(&device, codec.as_ref(), &dst[..len], &mut out).unwrap();
     assert!(out == folio);
 
     // Wholly random: nothing shrinks, the frame is refused like any codec's.
     let random: Vec<u8> = (0..64 << 10).map(|_| rng.gen()).collect();
     assert_eq!(
-        byn::compress(&device, codec.as_ref(), 4, &random, &mut dst),
+        accel::byn::compress(&device, codec.as_ref(), 4, &random, &mut dst),
         Err(CodecError::DoesNotFit)
     );
 }
@@ -75,13 +75,13 @@ fn bad_segment_counts_are_refused() {
     let mut dst = vec![0u8; 65536];
     for n in [0usize, 3, 6, 128] {
         assert_eq!(
-            byn::compress(&device, codec.as_ref(), n, &folio, &mut dst),
+            accel::byn::compress(&device, codec.as_ref(), n, &folio, &mut dst),
             Err(CodecError::BadArgument),
             "n={n}"
         );
     }
     assert_eq!(
-        byn::compress(&device, codec.as_ref(), 4, &folio[..4097], &mut dst),
+        accel::byn::compress(&device, codec.as_ref(), 4, &folio[..4097], &mut dst),
         Err(CodecError::BadArgument)
     );
 }

@@ -3,7 +3,7 @@
 //! never a result of the wrong length.
 
 use rand::{Rng, SeedableRng};
-use uswap::accel::{Device, DeviceConfig};
+use uswap::accel::{self, Device, DeviceConfig};
 use uswap::codec::{by_name, byn, CodecError, CODEC_NAMES};
 use uswap::corpus;
 
@@ -72,7 +72,7 @@ fn random_garbage_never_panics() {
 fn framed(device: &Device, name: &str, n: usize, folio: &[u8]) -> Vec<u8> {
     let codec = by_name(name).unwrap();
     let mut dst = vec![0u8; folio.len()];
-    let len = byn::compress(device, codec.as_ref(), n, folio, &mut dst).unwrap();
+    let len = accel::byn::compress(device, codec.as_ref(), n, folio, &mut dst).unwrap();
     dst.truncate(len);
     dst
 }
@@ -86,14 +86,14 @@ fn byn_header_corruption_is_detected() {
     for n in [1usize, 4, 64] {
         let good = framed(&device, "lz4", n, &folio);
         let mut out = vec![0u8; folio.len()];
-        byn::decompress(&device, codec.as_ref(), &good, &mut out).unwrap();
+        accel::byn::decompress(&device, codec.as_ref(), &good, &mut out).unwrap();
         assert!(out == folio);
 
         let header = byn::header_len(n);
         // Truncated anywhere.
         for cut in (0..good.len()).step_by(97).chain(0..header + 2) {
             assert_eq!(
-                byn::decompress(&device, codec.as_ref(), &good[..cut], &mut out),
+                accel::byn::decompress(&device, codec.as_ref(), &good[..cut], &mut out),
                 Err(CodecError::Corrupt),
                 "n={n} cut={cut}"
             );
@@ -103,14 +103,14 @@ fn byn_header_corruption_is_detected() {
             for bit in 0..8 {
                 let mut bad = good.clone();
                 bad[byte] ^= 1 << bit;
-                let r = byn::decompress(&device, codec.as_ref(), &bad, &mut out);
+                let r = accel::byn::decompress(&device, codec.as_ref(), &bad, &mut out);
                 assert!(r.is_err(), "n={n}: flipping bit {bit} of header byte {byte} went unnoticed");
             }
         }
         // Lying lengths: the frame asked to fill a buffer of another size.
         for len in [folio.len() - 1, folio.len() + 1, folio.len() / 2] {
             let mut other = vec![0u8; len];
-            assert!(byn::decompress(&device, codec.as_ref(), &good, &mut other).is_err());
+            assert!(accel::byn::decompress(&device, codec.as_ref(), &good, &mut other).is_err());
         }
         // A segment length moved from one segment to its neighbour.
         if n > 1 {
@@ -120,11 +120,11 @@ fn byn_header_corruption_is_detected() {
             if a & (1 << 31) == 0 && b & (1 << 31) == 0 {
                 bad[8..12].copy_from_slice(&(a - 1).to_le_bytes());
                 bad[12..16].copy_from_slice(&(b + 1).to_le_bytes());
-                assert!(byn::decompress(&device, codec.as_ref(), &bad, &mut out).is_err());
+                assert!(accel::byn::decompress(&device, codec.as_ref(), &bad, &mut out).is_err());
             }
         }
         // The wrong codec.
         let zstd = by_name("zstd").unwrap();
-        assert!(byn::decompress(&device, zstd.as_ref(), &good, &mut out).is_err());
+        assert!(accel::byn::decompress(&device, zstd.as_ref(), &good, &mut out).is_err());
     }
 }

@@ -9,10 +9,10 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-use uswap::accel::{Device, DeviceConfig, Job};
+use uswap::accel::{byn, Device, DeviceConfig, Job};
 use uswap::codec::lz4::{lz4_decompress, Lz4State};
 use uswap::codec::lzo::{self, LzoTable, Version};
-use uswap::codec::{self, byn, Codec, CodecError, DEFAULT_DICTIONARY};
+use uswap::codec::{self, Codec, CodecError, DEFAULT_DICTIONARY};
 use uswap::corpus;
 use uswap::size::format_size;
 

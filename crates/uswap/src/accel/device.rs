@@ -10,6 +10,45 @@
 //! released every entry. An engine's release is its last access to the
 //! batch. So no engine ever touches a buffer or record after its owner has
 //! moved on.
+//!
+//! A batch call borrows its buffers for the call, so that is the whole
+//! argument there. A scope lends buffers across many calls, which leaves two
+//! more ways to go wrong; the types turn both into compile errors.
+//!
+//! **A lent buffer must outlive the scope.** [`Scope::submit`] takes buffers
+//! borrowed for `'scope`. The closure given to [`Device::scope`] must accept
+//! a `&'scope Scope<'scope, 'env>` for *every* `'scope` (the bound is
+//! higher-ranked) and may assume nothing about `'scope` except `'env:
+//! 'scope`, that is, that it ends no later than the device borrow. So the
+//! only borrows it can lend are ones that were taken before the `scope` call
+//! and last past it; a buffer created inside the closure, which dies when
+//! the closure returns, does not qualify. The scope's records are dropped,
+//! which waits for every queue entry, after the closure returns (or unwinds)
+//! and before `scope` returns: inside every such borrow. This rests on
+//! `Scope` being *invariant* in `'scope` (and in `'env`, as
+//! [`std::thread::Scope`] is):
+//! were it covariant, a `&'scope Scope<'scope, 'env>` would coerce to a
+//! `&'short Scope<'short, 'env>` for any lifetime `'short` inside the
+//! closure, and `submit` would take a buffer that dies halfway through it
+//! while an engine still has the pointer. The `PhantomData<&'a mut &'a ()>`
+//! markers give the invariance.
+//!
+//! **A buffer is handed back once.** [`Scope::wait`] rebuilds the output
+//! buffer as a `&'scope mut [u8]` from the record, which is sound only if no
+//! other reference to it exists: the loan moved into `submit`, and nothing
+//! else may hand it back. A [`Ticket`] names one record of one scope, and
+//! `wait` consumes it; tickets are neither `Clone` nor `Copy`, so a record's
+//! buffer comes back at most once. A ticket is also branded with its
+//! scope's `'scope`, invariantly: each `scope` call has its own
+//! higher-ranked `'scope`, so a ticket from one scope has a type that
+//! another scope's `wait` and `poll` do not accept (it would otherwise index
+//! that scope's records and hand back a buffer whose loan is still live
+//! there). Nor can a ticket leave its scope to be used in a later one: the
+//! closure's result type cannot name `'scope`.
+//!
+//! A scope also pushes each record into its list *before* queuing it, so a
+//! record an engine can see is always owned by the scope's records and freed
+//! only after their final wait, even if the submission panics halfway.
 
 use super::config::{DeviceConfig, Mapping};
 use super::engine::{self, Engine, Shared};
@@ -17,6 +56,7 @@ use super::job::{Cell, Descriptor, Group, Job, JobError, Op, PENDING, SLEEPING};
 use super::stats::DeviceStats;
 use crate::codec::Codec;
 use std::cell::{RefCell, UnsafeCell};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -74,6 +114,7 @@ impl Device {
         Device::new(DeviceConfig::with_engines(0)).expect("a device without engines starts no thread")
     }
 
+    /// The configuration the device was started with.
     pub fn config(&self) -> &DeviceConfig {
         &self.config
     }
@@ -224,15 +265,46 @@ impl Device {
 
     /// Runs `f` with a [`Scope`] for submitting single jobs and polling them;
     /// returns only when every job submitted in it has finished.
-    pub fn scope<'env, R>(&'env self, f: impl FnOnce(&Scope<'env>) -> R) -> R {
-        let scope = Scope {
+    ///
+    /// Buffers lent to the scope must be borrowed from outside `f`: they have
+    /// to outlive the scope, which waits for the engines only after `f`
+    /// returns. The types enforce this (`accel/device.rs` explains how), so
+    /// misuse does not compile; see [`Scope::submit`], [`Scope::wait`] and
+    /// [`Ticket`].
+    ///
+    /// ```
+    /// use uswap::accel::{Device, DeviceConfig, Op};
+    /// use uswap::codec::{by_name, Codec};
+    ///
+    /// let device = Device::new(DeviceConfig::with_engines(2)).unwrap();
+    /// let codec = by_name("lz4").unwrap();
+    /// let page = vec![7u8; 4096];
+    /// let mut out = vec![0u8; 4096];
+    /// let compressed = device.scope(|s| {
+    ///     let ticket = s.submit(codec.as_ref(), Op::Compress, &page, &mut out);
+    ///     let (result, out) = s.wait(ticket);
+    ///     out[..result.unwrap()].to_vec()
+    /// });
+    /// let mut back = vec![0u8; 4096];
+    /// codec.decompress(&compressed, &mut back).unwrap();
+    /// assert_eq!(back, page);
+    /// ```
+    pub fn scope<'env, F, R>(&'env self, f: F) -> R
+    where
+        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
+    {
+        // Dropped when this returns or unwinds, after `f`: that drop waits
+        // for the engines.
+        let records = ScopeRecords {
             device: self,
-            group: Box::new(Group::new()),
+            group: Group::new(),
             cells: RefCell::new(Vec::new()),
         };
-        let result = f(&scope);
-        drop(scope);
-        result
+        f(&Scope {
+            records: &records,
+            scope: PhantomData,
+            env: PhantomData,
+        })
     }
 
     /// A snapshot of the counters.
@@ -300,69 +372,175 @@ impl Drop for WaitGuard<'_> {
 
 /// A handle to one job submitted in a [`Scope`]. Waiting consumes it and
 /// gives the output buffer back.
+///
+/// A ticket works only in the scope that issued it. Waiting it in another
+/// scope does not compile:
+///
+/// ```compile_fail,E0521
+/// use uswap::accel::{Device, Op};
+/// use uswap::codec::by_name;
+///
+/// let device = Device::synchronous();
+/// let codec = by_name("lz4").unwrap();
+/// let page = vec![7u8; 4096];
+/// let mut out = vec![0u8; 4096];
+/// device.scope(|outer| {
+///     let ticket = outer.submit(codec.as_ref(), Op::Compress, &page, &mut out);
+///     device.scope(|inner| {
+///         let _ = inner.wait(ticket);
+///     });
+/// });
+/// ```
+///
+/// Nor can a ticket leave its scope to be waited in a later one:
+///
+/// ```compile_fail
+/// use uswap::accel::{Device, Op};
+/// use uswap::codec::by_name;
+///
+/// let device = Device::synchronous();
+/// let codec = by_name("lz4").unwrap();
+/// let page = vec![7u8; 4096];
+/// let mut out = vec![0u8; 4096];
+/// let ticket = device.scope(|first| first.submit(codec.as_ref(), Op::Compress, &page, &mut out));
+/// device.scope(|second| {
+///     let _ = second.wait(ticket);
+/// });
+/// ```
 #[derive(Debug, PartialEq, Eq)]
-pub struct Ticket(usize);
+pub struct Ticket<'scope> {
+    index: usize,
+    /// The issuing scope's brand, invariant for the same reason as in
+    /// [`Scope`].
+    scope: PhantomData<&'scope mut &'scope ()>,
+}
 
-/// Single-job submission: `submit`, then `poll` or `wait`.
-pub struct Scope<'env> {
+/// Single-job submission: `submit`, then `poll` or `wait`. Made by
+/// [`Device::scope`].
+///
+/// `'scope` is the scope itself: buffers are lent to it for `'scope`, and
+/// its tickets carry it. `'env` is the borrow of the device, which outlives
+/// the scope.
+pub struct Scope<'scope, 'env: 'scope> {
+    records: &'scope ScopeRecords<'env>,
+    // Invariance in both lifetimes keeps a scope from being passed off as a
+    // shorter-lived one (module docs, "Why the borrowed buffers are safe").
+    scope: PhantomData<&'scope mut &'scope ()>,
+    env: PhantomData<&'env mut &'env ()>,
+}
+
+/// The completion records of a scope's jobs. Dropping it waits until the
+/// engines have released every one; it is kept apart from [`Scope`] because
+/// a value borrowed for its own invariant lifetime, as the scope is, must
+/// not have a drop that uses it.
+struct ScopeRecords<'env> {
     device: &'env Device,
-    group: Box<Group>,
+    group: Group,
     // Boxed: engines hold pointers to the cells, so a cell must not move
     // when the vector grows.
     #[allow(clippy::vec_box)]
     cells: RefCell<Vec<Box<Cell>>>,
 }
 
-impl<'env> Scope<'env> {
+impl Drop for ScopeRecords<'_> {
+    fn drop(&mut self) {
+        self.device.wait_group(&self.group);
+    }
+}
+
+impl<'scope> Scope<'scope, '_> {
     /// Submits one job. Never blocks: a full queue falls back to running the
     /// job here (and with no engines every job runs here).
-    pub fn submit(&self, codec: &'env dyn Codec, op: Op, src: &'env [u8], dst: &'env mut [u8]) -> Ticket {
+    ///
+    /// The buffers must outlive the scope. A buffer that would die before
+    /// the scope ends (here, when the closure returns, while an engine may
+    /// still be writing to it) does not compile:
+    ///
+    /// ```compile_fail,E0597
+    /// use uswap::accel::{Device, Op};
+    /// use uswap::codec::by_name;
+    ///
+    /// let device = Device::synchronous();
+    /// let codec = by_name("lz4").unwrap();
+    /// let page = vec![7u8; 4096];
+    /// device.scope(|s| {
+    ///     let mut out = vec![0u8; 4096];
+    ///     s.submit(codec.as_ref(), Op::Compress, &page, &mut out);
+    /// });
+    /// ```
+    pub fn submit(&self, codec: &'scope dyn Codec, op: Op, src: &'scope [u8], dst: &'scope mut [u8]) -> Ticket<'scope> {
         let mut job = Job::new(src, dst);
-        let cell = Box::new(new_cell(codec, op, &mut job, &self.group));
-        let device = self.device;
+        let records = self.records;
+        let cell = Box::new(new_cell(codec, op, &mut job, &records.group));
+        // Own the cell before any engine can see it, so that it is freed only
+        // after the scope's final wait, whatever happens below.
+        let index = {
+            let mut cells = records.cells.borrow_mut();
+            cells.push(cell);
+            cells.len() - 1
+        };
+        let cells = records.cells.borrow();
+        let cell = &cells[index];
+        let device = records.device;
         if device.config.engines == 0 {
             if cell.claim() {
-                device.shared.execute(&cell, &device.shared.caller);
+                device.shared.execute(cell, &device.shared.caller);
             }
         } else {
-            device.submit_cell(&cell);
+            device.submit_cell(cell);
         }
-        let mut cells = self.cells.borrow_mut();
-        cells.push(cell);
-        Ticket(cells.len() - 1)
+        Ticket {
+            index,
+            scope: PhantomData,
+        }
     }
 
     /// The job's result if it has finished, `None` while it runs.
-    pub fn poll(&self, ticket: &Ticket) -> Option<Result<usize, JobError>> {
-        self.cells.borrow()[ticket.0].result()
+    pub fn poll(&self, ticket: &Ticket<'scope>) -> Option<Result<usize, JobError>> {
+        self.records.cells.borrow()[ticket.index].result()
     }
 
     /// Waits for the job (running it here if no engine has started it and
     /// caller assist is on); returns its result and its output buffer.
-    pub fn wait(&self, ticket: Ticket) -> (Result<usize, JobError>, &'env mut [u8]) {
-        let cells = self.cells.borrow();
-        let cell = &cells[ticket.0];
-        if self.device.config.caller_assist && cell.claim() {
-            self.device.shared.execute(cell, &self.device.shared.caller);
+    ///
+    /// Waiting consumes the ticket, so one job's buffer cannot be handed back
+    /// twice; a second wait does not compile:
+    ///
+    /// ```compile_fail,E0382
+    /// use uswap::accel::{Device, Op};
+    /// use uswap::codec::by_name;
+    ///
+    /// let device = Device::synchronous();
+    /// let codec = by_name("lz4").unwrap();
+    /// let page = vec![7u8; 4096];
+    /// let mut out = vec![0u8; 4096];
+    /// device.scope(|s| {
+    ///     let ticket = s.submit(codec.as_ref(), Op::Compress, &page, &mut out);
+    ///     let (_, first) = s.wait(ticket);
+    ///     let (_, second) = s.wait(ticket);
+    ///     first[0] = second[0];
+    /// });
+    /// ```
+    pub fn wait(&self, ticket: Ticket<'scope>) -> (Result<usize, JobError>, &'scope mut [u8]) {
+        let device = self.records.device;
+        let cells = self.records.cells.borrow();
+        let cell = &cells[ticket.index];
+        if device.config.caller_assist && cell.claim() {
+            device.shared.execute(cell, &device.shared.caller);
         }
         let start = Instant::now();
         while !cell.is_done() {
-            if start.elapsed() >= self.device.config.stall_timeout {
-                self.device.recover_stalled();
+            if start.elapsed() >= device.config.stall_timeout {
+                device.recover_stalled();
             }
             std::thread::yield_now();
         }
         let result = cell.result().expect("a finished job has a result");
-        // SAFETY: the buffer was lent to `submit` for 'env and the job is
-        // done, so no engine touches it again; the ticket is consumed, so the
-        // buffer is handed back once.
+        // SAFETY: the buffer was lent to `submit` for 'scope and the job is
+        // done, so no engine touches it again. The ticket is consumed and
+        // belongs to this scope (its brand), so this is the only time this
+        // record's buffer is handed back (module docs).
         let dst = unsafe { std::slice::from_raw_parts_mut(cell.dst, cell.dst_len) };
         (result, dst)
-    }
-}
-
-impl Drop for Scope<'_> {
-    fn drop(&mut self) {
-        self.device.wait_group(&self.group);
     }
 }

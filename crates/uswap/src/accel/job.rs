@@ -1,7 +1,7 @@
 //! Jobs and their completion records.
 //!
 //! A [`Job`] is what a caller hands the device: an input buffer and an output
-//! buffer, borrowed. Inside the device each job becomes a [`Cell`], the
+//! buffer, borrowed. Inside the device each job becomes a `Cell`, the
 //! completion record an engine reads its work from and writes its result to;
 //! the engine queues carry pointers to cells. The device guarantees (see
 //! `device.rs`) that no engine touches a cell after the call that owns it has
@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 /// What a job does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// Compress `src` into `dst`; the result is the compressed length.
     Compress,
+    /// Decompress `src` into exactly `dst`; the result is `dst.len()`.
     Decompress,
 }
 
@@ -52,13 +54,16 @@ impl From<CodecError> for JobError {
 /// decompressed length and the result is that length.
 #[derive(Debug)]
 pub struct Job<'a> {
+    /// The input.
     pub src: &'a [u8],
+    /// The output: capacity for compression, exact length for decompression.
     pub dst: &'a mut [u8],
     /// Set when the job has run.
     pub result: Option<Result<usize, JobError>>,
 }
 
 impl<'a> Job<'a> {
+    /// A job that has not run yet.
     pub fn new(src: &'a [u8], dst: &'a mut [u8]) -> Job<'a> {
         Job { src, dst, result: None }
     }

@@ -22,9 +22,12 @@
 //!   jobs of its own batch, so a 2-core machine is not left half idle.
 //!
 //! Modules: [`config`] (knobs), [`job`] (jobs and completion records),
-//! [`engine`] (the engine threads and their queues), [`stats`] (per-engine
-//! counters), [`device`] (submission, polling, batches).
+//! `engine` (the engine threads and their queues), [`stats`] (per-engine
+//! counters), `device` (submission, polling, batches, and why lending
+//! buffers to the engines is safe), [`byn`] (a by_n frame's segments as one
+//! batch).
 
+pub mod byn;
 pub mod config;
 mod device;
 mod engine;

@@ -21,10 +21,12 @@
 //! A raw segment (one that did not shrink) is stored as its L/N bytes; a
 //! compressed one is strictly shorter. The stored lengths must add up to
 //! exactly the bytes after the header; anything else is corrupt.
+//!
+//! This module is the format alone: the header's layout, its parsing, and
+//! where each segment lies. Compressing and decompressing the segments as
+//! one batch on a device's engines is [`crate::accel::byn`]'s work.
 
-use super::{Codec, CodecError, CodecId};
-use crate::accel::{Device, Job, JobError};
-use std::cell::RefCell;
+use super::{CodecError, CodecId};
 
 const MAGIC: u8 = 0xB7;
 const RAW_FLAG: u32 = 1 << 31;
@@ -40,71 +42,72 @@ fn valid_segments(n: usize, len: usize) -> bool {
     n.is_power_of_two() && n <= MAX_SEGMENTS && len > 0 && len.is_multiple_of(n) && len < RAW_FLAG as usize
 }
 
-thread_local! {
-    /// Where segments are compressed before they are packed together.
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+/// The length of each segment when a `len`-byte buffer is cut into `n`.
+/// Fails with [`CodecError::BadArgument`] unless `n` is a power of two up to
+/// [`MAX_SEGMENTS`] that divides `len`, and `len` is neither zero nor too
+/// large for the length fields.
+pub fn segment_len(n: usize, len: usize) -> Result<usize, CodecError> {
+    if valid_segments(n, len) {
+        Ok(len / n)
+    } else {
+        Err(CodecError::BadArgument)
+    }
 }
 
-/// Compresses `src` as `n` segments on `device` into `dst`; returns the
-/// framed length, which is always less than `src.len()`.
-pub fn compress(device: &Device, codec: &dyn Codec, n: usize, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
-    if !valid_segments(n, src.len()) {
-        return Err(CodecError::BadArgument);
+/// Writes the header of a frame of `entries.len()` segments into the front
+/// of `dst` and returns its length, [`header_len`]`(entries.len())`; the
+/// segments go right after it, in order. `entries` are as in
+/// [`Header::entries`]: a raw segment's length is the segment length, a
+/// compressed one's is shorter.
+///
+/// # Panics
+///
+/// If the segment count is not valid for `original_len` (see
+/// [`segment_len`]) or `dst` is shorter than the header.
+pub fn write_header(dst: &mut [u8], codec: CodecId, original_len: usize, entries: &[(bool, usize)]) -> usize {
+    let n = entries.len();
+    assert!(valid_segments(n, original_len), "{n} segments of a {original_len}-byte buffer");
+    dst[0] = MAGIC;
+    dst[1] = codec as u8;
+    dst[2] = n.trailing_zeros() as u8;
+    dst[3] = 0;
+    dst[4..8].copy_from_slice(&(original_len as u32).to_le_bytes());
+    for (i, &(raw, len)) in entries.iter().enumerate() {
+        let entry = if raw { RAW_FLAG | len as u32 } else { len as u32 };
+        dst[8 + 4 * i..12 + 4 * i].copy_from_slice(&entry.to_le_bytes());
     }
-    let segment = src.len() / n;
-    SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        if scratch.len() < src.len() {
-            scratch.resize(src.len(), 0);
-        }
-        let mut jobs: Vec<Job<'_>> = src
-            .chunks(segment)
-            .zip(scratch[..src.len()].chunks_mut(segment))
-            .map(|(s, d)| Job::new(s, d))
-            .collect();
-        device.compress_batch(codec, &mut jobs);
-
-        let mut pos = header_len(n);
-        let mut entries = [0u32; MAX_SEGMENTS];
-        for (i, job) in jobs.iter().enumerate() {
-            let stored = match job.result.expect("a finished batch has every result") {
-                Ok(len) => len as u32,
-                Err(JobError::Codec(CodecError::DoesNotFit)) => RAW_FLAG | segment as u32,
-                Err(JobError::Codec(e)) => return Err(e),
-                Err(JobError::VerifyFailed) => return Err(CodecError::Internal),
-            };
-            entries[i] = stored;
-            pos += (stored & !RAW_FLAG) as usize;
-        }
-        if pos >= src.len() || pos > dst.len() {
-            return Err(CodecError::DoesNotFit);
-        }
-
-        dst[0] = MAGIC;
-        dst[1] = codec.id() as u8;
-        dst[2] = n.trailing_zeros() as u8;
-        dst[3] = 0;
-        dst[4..8].copy_from_slice(&(src.len() as u32).to_le_bytes());
-        let mut at = header_len(n);
-        for (i, (&entry, job)) in entries.iter().zip(&jobs).enumerate() {
-            dst[8 + 4 * i..12 + 4 * i].copy_from_slice(&entry.to_le_bytes());
-            let len = (entry & !RAW_FLAG) as usize;
-            let body = if entry & RAW_FLAG != 0 { job.src } else { &job.dst[..len] };
-            dst[at..at + len].copy_from_slice(body);
-            at += len;
-        }
-        Ok(at)
-    })
+    header_len(n)
 }
 
 /// The parsed header of a by_n frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// The codec that compressed the segments.
     pub codec: CodecId,
+    /// The number of segments, N.
     pub segments: usize,
+    /// The length of the buffer the frame decodes to, L.
     pub original_len: usize,
     /// (stored raw, stored length) per segment.
     pub entries: Vec<(bool, usize)>,
+}
+
+impl Header {
+    /// The length of each segment once decoded, L/N.
+    pub fn segment_len(&self) -> usize {
+        self.original_len / self.segments
+    }
+
+    /// Each segment's (stored raw, stored bytes) in `frame`, the frame this
+    /// header was parsed from, in order.
+    pub fn segment_bodies<'a>(&'a self, frame: &'a [u8]) -> impl Iterator<Item = (bool, &'a [u8])> + 'a {
+        let mut at = header_len(self.segments);
+        self.entries.iter().map(move |&(raw, len)| {
+            let body = &frame[at..at + len];
+            at += len;
+            (raw, body)
+        })
+    }
 }
 
 /// Parses and checks a frame's header against the length it must decode to.
@@ -141,31 +144,4 @@ pub fn parse_header(src: &[u8], expected_len: usize) -> Result<Header, CodecErro
         original_len,
         entries,
     })
-}
-
-/// Decompresses a by_n frame into exactly `dst.len()` bytes, the segments in
-/// parallel on `device`.
-pub fn decompress(device: &Device, codec: &dyn Codec, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-    let header = parse_header(src, dst.len())?;
-    if header.codec != codec.id() {
-        return Err(CodecError::Corrupt);
-    }
-    let segment = header.original_len / header.segments;
-    let mut at = header_len(header.segments);
-    let mut jobs = Vec::with_capacity(header.segments);
-    for (&(raw, len), out) in header.entries.iter().zip(dst.chunks_mut(segment)) {
-        let body = &src[at..at + len];
-        at += len;
-        if raw {
-            out.copy_from_slice(body);
-        } else {
-            jobs.push(Job::new(body, out));
-        }
-    }
-    device.decompress_batch(codec, &mut jobs);
-    if jobs.iter().all(|j| matches!(j.result, Some(Ok(_)))) {
-        Ok(())
-    } else {
-        Err(CodecError::Corrupt)
-    }
 }

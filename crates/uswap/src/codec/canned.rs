@@ -33,6 +33,7 @@ impl Canned {
         })
     }
 
+    /// The dictionary this codec compresses with.
     pub fn dictionary(&self) -> &[u8] {
         &self.dictionary
     }

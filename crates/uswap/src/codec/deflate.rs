@@ -12,6 +12,8 @@ pub struct DeflateContext {
 }
 
 impl DeflateContext {
+    /// A compressor at `level` (0..=12) and a decompressor; `None` for
+    /// another level.
     pub fn new(level: i32) -> Option<DeflateContext> {
         let level = CompressionLvl::new(level).ok()?;
         Some(DeflateContext {
@@ -20,6 +22,8 @@ impl DeflateContext {
         })
     }
 
+    /// Compresses `src` into at most `capacity` bytes at the front of `dst`
+    /// and returns the compressed length, or [`CodecError::DoesNotFit`].
     pub fn compress(&mut self, src: &[u8], dst: &mut [u8], capacity: usize) -> Result<usize, CodecError> {
         let capacity = capacity.min(dst.len());
         self.compressor
@@ -27,6 +31,8 @@ impl DeflateContext {
             .map_err(|_| CodecError::DoesNotFit)
     }
 
+    /// Decompresses `src`, which must decode to exactly `dst.len()` bytes;
+    /// anything else is [`CodecError::Corrupt`].
     pub fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
         match self.decompressor.deflate_decompress(src, dst) {
             Ok(n) if n == dst.len() => Ok(()),

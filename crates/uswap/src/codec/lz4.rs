@@ -95,6 +95,7 @@ pub struct Lz4 {
 }
 
 impl Lz4 {
+    /// The `lz4` codec at liblz4's default acceleration.
     pub fn new() -> Lz4 {
         Lz4 { key: new_key() }
     }

@@ -18,7 +18,7 @@
 //!   [`CodecError::Corrupt`].
 //!
 //! Codecs keep per-thread contexts (hash tables, zstd contexts, libdeflate
-//! state) in [`context`], so a call allocates nothing once a thread has
+//! state) in `context`, so a call allocates nothing once a thread has
 //! warmed up.
 
 pub mod byn;
@@ -72,11 +72,17 @@ impl std::error::Error for CodecError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum CodecId {
+    /// [`Lz4`].
     Lz4 = 1,
+    /// [`Lzo`] writing plain LZO1X-1 (`lzo`).
     Lzo = 2,
+    /// [`Lzo`] writing LZO1X with zero runs (`lzo-rle`).
     LzoRle = 3,
+    /// [`Zstd`].
     Zstd = 4,
+    /// [`Deflate`].
     Deflate = 5,
+    /// [`Canned`].
     Canned = 6,
 }
 

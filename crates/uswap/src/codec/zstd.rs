@@ -90,6 +90,7 @@ impl Zstd {
         LEVELS.contains(&level).then(|| Zstd { key: new_key(), level })
     }
 
+    /// The compression level.
     pub fn level(&self) -> i32 {
         self.level
     }

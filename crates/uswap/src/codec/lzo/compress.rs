@@ -43,6 +43,7 @@ pub struct LzoTable {
 }
 
 impl LzoTable {
+    /// An empty table.
     pub fn new() -> LzoTable {
         LzoTable {
             slots: vec![0; 1 << HASH_BITS],
