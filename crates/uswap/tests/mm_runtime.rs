@@ -4,55 +4,14 @@
 //! munmap and mremap are followed; the limit holds; a corrupt object is
 //! SIGBUS, not data.
 
+mod common;
+
+use common::{eventually, fill_and_evict, runtime, Words, MIB};
 use rand::{Rng, SeedableRng};
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use uswap::mm::{Region, Runtime, RuntimeConfig};
-
-const MIB: usize = 1 << 20;
-
-fn runtime(high: usize, folio: usize, batch: usize, swap_file: bool) -> Runtime {
-    Runtime::new(RuntimeConfig {
-        memory_high: high,
-        folio_size: folio,
-        compress_batchsize: batch,
-        swap_file: swap_file.then(|| (std::env::temp_dir(), 256 << 20)),
-        max_pool_bytes: Some(64 << 20),
-        ..RuntimeConfig::default()
-    })
-    .expect("userfaultfd runtime")
-}
-
-/// A word of the region, read and written through a raw pointer shared by
-/// threads.
-#[derive(Clone, Copy)]
-struct Words {
-    base: usize,
-    count: usize,
-}
-
-impl Words {
-    fn of(region: &Region) -> Words {
-        Words {
-            base: region.as_ptr() as usize,
-            count: region.len() / 8,
-        }
-    }
-
-    fn read(self, i: usize) -> u64 {
-        assert!(i < self.count);
-        // SAFETY: `i` is inside the region, which outlives every user of
-        // this view; word accesses are aligned.
-        unsafe { std::ptr::read_volatile((self.base as *const u64).add(i)) }
-    }
-
-    fn write(self, i: usize, v: u64) {
-        assert!(i < self.count);
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::write_volatile((self.base as *mut u64).add(i), v) }
-    }
-}
+use uswap::mm::Runtime;
 
 /// Threads own interleaved words (word i belongs to thread i % threads), so
 /// they share every folio; each keeps a model of its words.
@@ -173,31 +132,6 @@ fn writes_racing_eviction_are_never_lost() {
     let stats = rt.stats();
     assert!(stats.evicted_folios > 0);
     assert!(stats.wp_faults > 0 || stats.pgmajfault > 0, "no write ever met eviction: {stats:?}");
-}
-
-/// Polls `condition` until it holds or ten seconds pass.
-fn eventually(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::time::Instant::now() < deadline {
-        if condition() {
-            return true;
-        }
-        std::thread::yield_now();
-    }
-    condition()
-}
-
-/// Fills the region with a pattern and pushes most of it out.
-fn fill_and_evict(rt: &Runtime, region: &Region) {
-    let w = Words::of(region);
-    for i in 0..w.count {
-        w.write(i, i as u64 ^ 0x5555);
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while rt.stats().resident_bytes as usize > rt.config().memory_high && std::time::Instant::now() < deadline {
-        rt.reclaim_now();
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[test]

@@ -4,7 +4,6 @@
 
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use uswap::accel::{Device, DeviceConfig};

@@ -163,6 +163,12 @@ fn uncount_resident(shared: &Shared, space: &Space, region: &RegionInner) {
 /// region moves with its folios; folios a move cuts through leave the
 /// bookkeeping once their pages are where they now belong.
 pub(crate) fn on_remap(shared: &Shared, space: &Arc<Space>, from: usize, to: usize, len: usize, follow_ups: &mut Vec<FollowUp>) {
+    // A thread waiting on a fault in the old range waits on the old
+    // addresses, which no install will wake now: wake it to retry.
+    super::swapin::wake_range(space, from, len);
+    for region in space.overlapping(from, from + len) {
+        region.moves.fetch_add(1, Ordering::AcqRel);
+    }
     if let Some((region, _)) = space.lookup(from) {
         if from == region.base() && len == region.len {
             region.base.store(to, Ordering::Release);

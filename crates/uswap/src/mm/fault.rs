@@ -193,45 +193,85 @@ pub(crate) fn filler_loop(shared: &Shared) {
 /// A page of zeros.
 static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
 
+/// What one attempt at serving a fault came to.
+enum Step {
+    /// Served (or nothing to do: the thread is woken or will be).
+    Done,
+    /// It must wait for reclaim, and this server may not.
+    MustWait,
+    /// The address space is changing: read the events, then decide again.
+    Again,
+}
+
 /// Fills one missing page with zeros (write-protected with `wp`) and wakes
 /// its waiters; a page already there is left alone.
-fn zero_page(space: &Space, page: usize, wp: bool, server: &mut dyn Server) {
-    loop {
-        match space.uffd.copy(page, &ZERO_PAGE, wp) {
-            Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => break,
-            Err(Partial { error: UffdError::Again, .. }) => server.on_eagain(),
-            Err(p) => panic!("installing a zero page at {page:#x}: {}", p.error),
-        }
+fn zero_page(space: &Space, page: usize, wp: bool) -> Step {
+    match space.uffd.copy(page, &ZERO_PAGE, wp) {
+        Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => {}
+        Err(Partial { error: UffdError::Again, .. }) => return Step::Again,
+        Err(p) => panic!("installing a zero page at {page:#x}: {}", p.error),
     }
     swapin::wake_range(space, page, PAGE_SIZE);
+    Step::Done
+}
+
+/// Marks one missing page poisoned and wakes its waiters.
+fn poison_page(space: &Space, page: usize) -> Step {
+    match space.uffd.poison(page, PAGE_SIZE) {
+        Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => {}
+        Err(Partial { error: UffdError::Again, .. }) => return Step::Again,
+        Err(p) => panic!("poisoning {page:#x}: {}", p.error),
+    }
+    swapin::wake_range(space, page, PAGE_SIZE);
+    Step::Done
+}
+
+/// Lifts a stale write protection from one page (which wakes its waiters).
+fn unprotect(space: &Space, page: usize) -> Step {
+    match space.uffd.write_protect(page, PAGE_SIZE, false) {
+        Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => Step::Done,
+        Err(UffdError::Again) => Step::Again,
+        Err(e) => panic!("lifting write protection at {page:#x}: {e}"),
+    }
 }
 
 /// Serves one page fault. Returns false when the server may not wait and
 /// the fault must (a filler then takes it).
 fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool {
+    loop {
+        match serve(shared, fault, server) {
+            Step::Done => return true,
+            Step::MustWait => return false,
+            // What the fault meets may have changed with the events read
+            // meanwhile (the folio moved, was dropped or unmapped): decide
+            // again from the start.
+            Step::Again => server.on_eagain(),
+        }
+    }
+}
+
+/// One attempt at serving a fault. Every decision taken on the bookkeeping
+/// is carried out under the event gate's read side, so that no event read
+/// meanwhile can make it stale; the routines that fill whole folios take the
+/// gate themselves.
+fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
     let space = &*fault.space;
     let page = page_floor(fault.addr);
+    let gate = shared.gate.read().expect("event gate");
     let Some((region, i)) = space.lookup(fault.addr) else {
         // Registered memory no region tracks (moved out of a region by a
         // cut, or grown by mremap): fresh anonymous memory reads as zero,
         // and a stale write protection is lifted.
-        if fault.wp {
-            unprotect(space, page, server);
-        } else {
-            zero_page(space, page, false, server);
-        }
-        return true;
+        return if fault.wp { unprotect(space, page) } else { zero_page(space, page, false) };
     };
     let f = &region.folios[i];
     if fault.wp {
         bump(&shared.counters.wp_faults);
         // A write to a folio being evicted waits until the reclaimer is done
         // with it (it wakes the folio's range); any other protection is
-        // stale (a child's copy of a page its parent was evicting).
-        if folio::state(f.load()) != EVICTING {
-            unprotect(space, page, server);
-        }
-        return true;
+        // stale (a child's copy of a page its parent was evicting, or a
+        // folio whose eviction missed after a move).
+        return if folio::state(f.load()) == EVICTING { Step::Done } else { unprotect(space, page) };
     }
     let own = space.owner == Owner::Runtime;
     loop {
@@ -240,61 +280,38 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
             UNTOUCHED | SWAPPED => {
                 if own && must_throttle(shared, region.folio_size) {
                     if !server.may_wait() {
-                        return false;
+                        return Step::MustWait;
                     }
+                    drop(gate);
                     throttle(shared, region.folio_size);
+                    return Step::Again;
                 }
                 if folio::state(w) == UNTOUCHED {
                     if f.transition(w, ZEROING | (w & folio::EXTRA)) {
+                        drop(gate);
                         swapin::zero_fill(shared, space, &region, i, server);
-                        return true;
+                        return Step::Done;
                     }
                 } else if f.transition(w, folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA)) {
+                    drop(gate);
                     if swapin::swap_in(shared, space, &region, i, server) == SwappedIn::Done && own {
                         readahead(shared, space, &region, i, server);
                     }
-                    return true;
+                    return Step::Done;
                 }
             }
             // A page inside a resident (or untracked) folio that the program
             // dropped: it reads as zero.
-            RESIDENT | GONE => {
-                zero_page(space, page, false, server);
-                return true;
-            }
+            RESIDENT | GONE => return zero_page(space, page, false),
             // The reclaimer copying out a folio with a hole in it: the zero
             // page it gets is write-protected like the rest of the folio, so
             // a write racing the eviction waits instead of being dropped.
-            EVICTING if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) => {
-                zero_page(space, page, true, server);
-                return true;
-            }
-            POISONED => {
-                loop {
-                    match space.uffd.poison(page, PAGE_SIZE) {
-                        Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => break,
-                        Err(Partial { error: UffdError::Again, .. }) => server.on_eagain(),
-                        Err(p) => panic!("poisoning {page:#x}: {}", p.error),
-                    }
-                }
-                swapin::wake_range(space, page, PAGE_SIZE);
-                return true;
-            }
+            EVICTING if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) => return zero_page(space, page, true),
+            POISONED => return poison_page(space, page),
             // Busy folios: their owner wakes the range when done, and this
             // thread's fault is retried then.
-            EVICTING | LOADING | ZEROING | INHERITING => return true,
+            EVICTING | LOADING | ZEROING | INHERITING => return Step::Done,
             other => unreachable!("folio state {other}"),
-        }
-    }
-}
-
-/// Lifts a stale write protection from one page (which wakes its waiters).
-fn unprotect(space: &Space, page: usize, server: &mut dyn Server) {
-    loop {
-        match space.uffd.write_protect(page, PAGE_SIZE, false) {
-            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => return,
-            Err(UffdError::Again) => server.on_eagain(),
-            Err(e) => panic!("lifting write protection at {page:#x}: {e}"),
         }
     }
 }

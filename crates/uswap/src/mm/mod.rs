@@ -376,9 +376,11 @@ impl Shared {
     /// The reclaimer's MADV_DONTNEED of `start` returned.
     fn end_own_drop(&self, start: usize) {
         let mut drops = self.own_drops.lock().expect("own drops lock");
-        if let Some(d) = drops.iter_mut().find(|d| d.start == start && !d.returned) {
-            d.returned = true;
-        }
+        let d = drops
+            .iter_mut()
+            .find(|d| d.start == start && !d.returned)
+            .expect("the drop was registered");
+        d.returned = true;
     }
 
     /// Before the event thread reads: forgets the drops whose call had

@@ -39,6 +39,13 @@ use std::time::{Duration, Instant};
 struct Victim {
     region: Arc<RegionInner>,
     folio: usize,
+    /// Where the folio was when its flush began: write protection, copy-out
+    /// and drop all act here, so that a move of the region in between
+    /// makes them miss together (and the flush notices) rather than act on
+    /// two different places.
+    addr: usize,
+    /// The region's move count when the flush began.
+    moves: u32,
 }
 
 /// The first pause after a plug the store refused entirely; it doubles with
@@ -150,7 +157,7 @@ fn next_victim(own: &Space, shared: &Shared) -> Option<Victim> {
         if !f.transition(w, EVICTING | (w & folio::EXTRA)) {
             continue;
         }
-        return Some(Victim { region, folio: i });
+        return Some(Victim { region, folio: i, addr: 0, moves: 0 });
     }
 }
 
@@ -176,7 +183,7 @@ fn runs(plug: &[Victim], include: impl Fn(usize) -> bool) -> Vec<(usize, usize)>
 
 fn run_range(plug: &[Victim], (first, count): (usize, usize)) -> (usize, usize) {
     let v = &plug[first];
-    (v.region.folio_addr(v.folio), count * v.region.folio_size)
+    (v.addr, count * v.region.folio_size)
 }
 
 /// Write-protects a range, retrying while the address space changes.
@@ -195,6 +202,10 @@ fn write_protect(own: &Space, start: usize, len: usize, protect: bool) -> Result
 fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> bool {
     // Keep the plug sorted so that adjacent folios form runs.
     plug.sort_by_key(|v| (v.region.id, v.folio));
+    for v in plug.iter_mut() {
+        v.moves = v.region.moves.load(Ordering::Acquire);
+        v.addr = v.region.folio_addr(v.folio);
+    }
     let mut protected = vec![true; plug.len()];
     for run in runs(plug, |_| true) {
         let (start, len) = run_range(plug, run);
@@ -217,35 +228,48 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
         folios.push(&staging[at..at + v.region.folio_size]);
         at += v.region.folio_size;
     }
-    let results: Vec<Result<SlotRange, StoreError>> = if copied {
+    let mut results: Vec<Result<SlotRange, StoreError>> = if copied {
         shared.store.store_batch(&folios)
     } else {
         plug.iter().map(|_| Err(StoreError::Io)).collect()
     };
+    // A move of the region during the write protection or the copy-out may
+    // have made them act on what it left behind: such a copy is void. Checked
+    // once every event up to now is in the bookkeeping.
+    if results.iter().any(|r| r.is_ok()) {
+        let (start, len) = run_range(plug, (0, 1));
+        let _settled = settled_gate(shared, own, start, len);
+        for (v, r) in plug.iter().zip(results.iter_mut()) {
+            if let Ok(range) = *r {
+                if v.region.moves.load(Ordering::Acquire) != v.moves {
+                    shared.store.invalidate(range);
+                    *r = Err(StoreError::Io);
+                }
+            }
+        }
+    }
     shared.counters.reclaim_batches.fetch_add(1, Ordering::Relaxed);
 
     // Drop the stored folios, a run of adjacent ones at a time. The event
-    // thread attributes the REMOVE events this raises to the reclaimer (the
-    // call returns once they are read).
+    // thread attributes the REMOVE events this raises to the reclaimer.
     for run in runs(plug, |k| results[k].is_ok()) {
         let (start, len) = run_range(plug, run);
         shared.begin_own_drop(start, len);
         // SAFETY: dropping pages of a managed range that is write-protected
         // and owned by this thread (every folio in it is EVICTING).
-        let dropped = unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) };
-        shared.end_own_drop(start);
+        let r = unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) };
         // ENOMEM: part of the range was unmapped meanwhile (the kernel drops
         // the rest; the unmap event says what became of the folios). Any
         // other failure would leave stored folios in memory: a bug.
-        if dropped != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM) {
+        if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM) {
             panic!("MADV_DONTNEED of {start:#x}+{len:#x}: {}", std::io::Error::last_os_error());
         }
+        shared.end_own_drop(start);
     }
 
     let mut progress = false;
     for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
-        progress |= result.is_ok();
-        finish_folio(shared, own, &v.region, v.folio, result, was_protected);
+        progress |= finish_folio(shared, own, &v.region, v.folio, result, was_protected);
     }
     shared.reclaim_stuck.store(!progress, Ordering::Release);
     shared.reclaimed.1.notify_all();
@@ -254,15 +278,27 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
 
 /// Ends one folio's eviction under the gate: applies what the program did to
 /// it meanwhile, hands it to forked children that inherited it, publishes its
-/// state, then wakes the writers held on its protection.
-fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, result: Result<SlotRange, StoreError>, was_protected: bool) {
+/// state, then wakes the writers held on its protection. Returns whether the
+/// folio left memory.
+fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, result: Result<SlotRange, StoreError>, was_protected: bool) -> bool {
     let f = &region.folios[i];
     let fs = region.folio_size;
     let pages = region.pages_per_folio() as usize;
     let mut follow_ups = Vec::new();
-    let gate = shared.gate.read().expect("event gate");
+    let gate = settled_gate(shared, own, region.folio_addr(i), fs);
     let extras = own.take_extras(region, i);
-    let stored = result.as_ref().ok().copied();
+    let mut stored = result.as_ref().ok().copied();
+    // The drop acts on whatever is at the address when the kernel gets to
+    // it: a move of the region in between (the madvise waits for its event
+    // with the address space unlocked) makes it miss, and the folio's pages
+    // are then still in memory where the region is now. The stored copy is
+    // then void, and the folio stays resident.
+    if let Some(range) = stored {
+        if present_pages(region.folio_addr(i), fs) > 0 {
+            shared.store.invalidate(range);
+            stored = None;
+        }
+    }
     let outcome = match stored {
         Some(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
         None => Outcome::Resident,
@@ -325,6 +361,39 @@ fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, re
     for fu in follow_ups {
         swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker);
     }
+    stored.is_some()
+}
+
+/// Takes the event gate's read side at a moment when no event of the
+/// address space is pending: every move, unmap and drop that has happened is
+/// then in the bookkeeping, so a folio's address is where its pages are.
+/// The probe write-protects `start..start + len` of an evicting folio again,
+/// which changes nothing but answers EAGAIN while an event is unread.
+fn settled_gate<'a>(shared: &'a Shared, own: &Space, start: usize, len: usize) -> std::sync::RwLockReadGuard<'a, ()> {
+    loop {
+        let gate = shared.gate.read().expect("event gate");
+        match own.uffd.write_protect(start, len, true) {
+            Err(UffdError::Again) => {
+                drop(gate);
+                std::thread::yield_now();
+            }
+            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => return gate,
+            Err(e) => panic!("write-protecting {start:#x}: {e}"),
+        }
+    }
+}
+
+/// How many pages of `start..start + len` are in memory (none if the range
+/// is not mapped).
+fn present_pages(start: usize, len: usize) -> usize {
+    let mut vec = [0u8; crate::page::MAX_FOLIO_PAGES];
+    let pages = len / crate::page::PAGE_SIZE;
+    // SAFETY: mincore writes one byte per page of the range into `vec`,
+    // which holds a folio's worth; an unmapped range is an error.
+    if unsafe { libc::mincore(start as *mut _, len, vec.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    vec[..pages].iter().filter(|&&b| b & 1 != 0).count()
 }
 
 /// Reads the plugged folios into `staging` with one `process_vm_readv`.
@@ -339,7 +408,7 @@ fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
             iov_len: fs,
         });
         remote.push(libc::iovec {
-            iov_base: v.region.folio_addr(v.folio) as *mut _,
+            iov_base: v.addr as *mut _,
             iov_len: fs,
         });
         at += fs;

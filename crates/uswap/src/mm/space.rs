@@ -38,6 +38,9 @@ pub(crate) struct RegionInner {
     pub evicted_at: Box<[AtomicU32]>,
     /// Whether the runtime mapped the memory (and unmaps it on drop).
     pub owned: bool,
+    /// Moves of the region (or of part of it) seen so far: an eviction whose
+    /// copy-out overlapped a move may have read the wrong place.
+    pub moves: AtomicU32,
     /// Byte ranges (offsets from the region's start) the program unmapped or
     /// moved away: never unmapped or unregistered by the runtime, since an
     /// unrelated mapping may live there now.
@@ -56,6 +59,7 @@ impl RegionInner {
             folios: (0..n).map(|_| Folio::new(initial)).collect(),
             evicted_at: (0..n).map(|_| AtomicU32::new(0)).collect(),
             owned,
+            moves: AtomicU32::new(0),
             unmapped: Mutex::new(Vec::new()),
         }
     }

@@ -14,7 +14,8 @@
 //! 4. under the event gate (see [`super::Shared::gate`]) the folio's new
 //!    state is published, and only then is this address space's reference to
 //!    the stored entries dropped;
-//! 5. the waiting threads are woken.
+//! 5. the waiting threads are woken (last, so that a thread that goes on
+//!    finds every bit of bookkeeping done).
 //!
 //! Unusable stored data (checksum, decompression or swap file read failure)
 //! poisons the folio's missing pages instead: every touch raises SIGBUS, the
@@ -61,12 +62,26 @@ pub(crate) enum Source<'a> {
 }
 
 /// How an install ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Installed {
-    /// Every page is in place or was skipped (dropped, unmapped, present).
-    Done,
+    /// Every page is in place or was skipped (dropped, unmapped, present);
+    /// the ranges to wake once the caller is done.
+    Done(Wake),
     /// The address space has exited.
     SpaceGone,
+}
+
+/// Ranges whose waiting threads must be woken.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Wake(Vec<(usize, usize)>);
+
+impl Wake {
+    /// Wakes them.
+    pub fn wake(self, space: &Space) {
+        for (start, len) in self.0 {
+            wake_range(space, start, len);
+        }
+    }
 }
 
 thread_local! {
@@ -89,10 +104,10 @@ pub(crate) fn with_zero_folio<R>(size: usize, f: impl FnOnce(&[u8]) -> R) -> R {
 }
 
 /// Installs `source` over folio `i` of `region` honouring its extras, then
-/// runs `finish` under the event gate with the extras it honoured, and wakes
-/// the folio's whole range and every place its pages moved to (a thread may
-/// wait on a page that was skipped: it refaults and finds the folio
-/// settled).
+/// runs `finish` under the event gate with the extras it honoured. Returns
+/// what to wake: the folio's whole range and every place its pages moved to
+/// (a thread may wait on a page that was skipped: it refaults and finds the
+/// folio settled).
 pub(crate) fn install(
     shared: &Shared,
     space: &Space,
@@ -104,8 +119,7 @@ pub(crate) fn install(
 ) -> Installed {
     let pages = region.pages_per_folio() as usize;
     let mut done = crate::page::PageMask::default();
-    let mut wake: Vec<(usize, usize)> = Vec::new();
-    let outcome = 'attempts: loop {
+    'attempts: loop {
         let gate = shared.gate.read().expect("event gate");
         let extras = space.extras_of(region, i, region.folios[i].load());
         let at = region.folio_addr(i);
@@ -149,7 +163,7 @@ pub(crate) fn install(
                                         server.on_eagain();
                                         continue 'attempts;
                                     }
-                                    Err(Partial { error: UffdError::ProcessGone, .. }) => break 'attempts Installed::SpaceGone,
+                                    Err(Partial { error: UffdError::ProcessGone, .. }) => return Installed::SpaceGone,
                                     Err(Partial { error: UffdError::Os(e), .. }) => panic!("installing a page at {d:#x}: {e}"),
                                 }
                                 done.insert_range(page, page + 1);
@@ -165,7 +179,7 @@ pub(crate) fn install(
                             server.on_eagain();
                             continue 'attempts;
                         }
-                        UffdError::ProcessGone => break 'attempts Installed::SpaceGone,
+                        UffdError::ProcessGone => return Installed::SpaceGone,
                         UffdError::Os(e) => panic!("installing {} pages at {dst:#x}: {e}", q - k),
                     }
                 }
@@ -173,14 +187,10 @@ pub(crate) fn install(
         }
         finish(&extras);
         drop(gate);
-        wake.push((at, region.folio_size));
+        let mut wake = vec![(at, region.folio_size)];
         wake.extend(extras.moved.iter().map(|&(lo, hi, to)| (to, (hi - lo) * PAGE_SIZE)));
-        break Installed::Done;
-    };
-    for (start, len) in wake {
-        wake_range(space, start, len);
+        return Installed::Done(Wake(wake));
     }
-    outcome
 }
 
 /// One fill ioctl of pages `p..q` of the source at `dst`.
@@ -237,7 +247,7 @@ fn publish_settled(shared: &Shared, space: &Space, region: &RegionInner, i: usiz
 }
 
 /// First touch of an untouched folio (owned as ZEROING): zero pages.
-pub(crate) fn zero_fill(shared: &Shared, space: &Space, region: &RegionInner, i: usize, server: &mut dyn Server) -> Installed {
+pub(crate) fn zero_fill(shared: &Shared, space: &Space, region: &RegionInner, i: usize, server: &mut dyn Server) {
     // Real zeroed pages rather than the shared zero page: the first write to
     // a zero-page mapping is a copy-on-write fault whose TLB flush
     // interrupts every CPU running the process, which costs more than the
@@ -247,11 +257,11 @@ pub(crate) fn zero_fill(shared: &Shared, space: &Space, region: &RegionInner, i:
             publish_settled(shared, space, region, i, extras, false)
         })
     });
-    if outcome == Installed::SpaceGone {
-        region.folios[i].set(GONE);
-    }
     shared.counters.zero_fills.fetch_add(1, Ordering::Relaxed);
-    outcome
+    match outcome {
+        Installed::Done(wake) => wake.wake(space),
+        Installed::SpaceGone => region.folios[i].set(GONE),
+    }
 }
 
 /// How a swap-in ended.
@@ -293,9 +303,10 @@ pub(crate) fn swap_in(shared: &Shared, space: &Space, region: &RegionInner, i: u
         }))
     });
     match read {
-        Some(Installed::Done) => {
+        Some(Installed::Done(wake)) => {
             shared.store.invalidate(range);
             shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
+            wake.wake(space);
             SwappedIn::Done
         }
         Some(Installed::SpaceGone) => {
@@ -308,12 +319,13 @@ pub(crate) fn swap_in(shared: &Shared, space: &Space, region: &RegionInner, i: u
                 space.take_extras(region, i);
                 region.folios[i].set(POISONED);
             });
-            if outcome == Installed::SpaceGone {
-                region.folios[i].set(GONE);
-            }
             // The entries cannot produce the data; holding them helps nobody.
             shared.store.invalidate(range);
             shared.counters.sigbus.fetch_add(1, Ordering::Relaxed);
+            match outcome {
+                Installed::Done(wake) => wake.wake(space),
+                Installed::SpaceGone => region.folios[i].set(GONE),
+            }
             SwappedIn::Poisoned
         }
     }

@@ -1,0 +1,445 @@
+//! One focused test per data-loss, hang or soundness defect found in the
+//! runtime, each written to fail on the code that had it. The stateful
+//! random test (mm_model.rs) covers the same ground at random.
+
+mod common;
+
+use common::{eventually, evict_to_limit, fill_and_evict, in_child_process, is_child_process, runtime, within, Words, MIB};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use uswap::mm::{Runtime, RuntimeConfig};
+
+const FOLIO: usize = 64 << 10;
+const PAGE: usize = 4096;
+
+fn expect(base: usize, addr: usize) -> u64 {
+    ((addr - base) / 8) as u64 ^ 0x5555
+}
+
+/// The first swapped folio of the region, skipping the first `skip`.
+fn swapped_folio(rt: &Runtime, base: usize, len: usize, skip: usize) -> usize {
+    (skip..len / FOLIO)
+        .map(|f| base + f * FOLIO)
+        .find(|&a| rt.is_swapped(a as *const u8))
+        .expect("a swapped folio")
+}
+
+fn check_range(base: usize, from: usize, to: usize, what: &str) {
+    for addr in (from..to).step_by(8) {
+        // SAFETY: inside the test's own mapped region.
+        let v = unsafe { std::ptr::read_volatile(addr as *const u64) };
+        assert_eq!(v, expect(base, addr), "{what}: word at +{:#x}", addr - base);
+    }
+}
+
+/// Reported: munmap of one page inside a swapped folio read the other 60 KiB
+/// of that folio back as zeros.
+#[test]
+fn munmap_of_one_page_inside_a_swapped_folio_keeps_the_rest() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let folio = swapped_folio(&rt, base, region.len(), 1);
+    let hole = folio + 5 * PAGE;
+    // SAFETY: one page of our own region that nothing else uses.
+    assert_eq!(unsafe { libc::munmap(hole as *mut _, PAGE) }, 0);
+    check_range(base, folio, hole, "before the hole");
+    check_range(base, hole + PAGE, folio + FOLIO, "after the hole");
+    check_range(base, base, folio, "earlier folios");
+}
+
+/// Reported: mprotect of one page inside a swapped folio (the mapping splits
+/// in three) made every page of that folio read as zeros.
+#[test]
+fn mprotect_splitting_a_swapped_folio_keeps_every_page() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let folio = swapped_folio(&rt, base, region.len(), 1);
+    let page = folio + 7 * PAGE;
+    // SAFETY: changing the protection of one page of our own region.
+    assert_eq!(unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ) }, 0);
+    check_range(base, folio, folio + FOLIO, "the split folio");
+    let stats = rt.stats();
+    assert!(stats.split_installs > 0, "the install went page by page: {stats:?}");
+    // SAFETY: as above, back to read-write.
+    assert_eq!(unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ | libc::PROT_WRITE) }, 0);
+}
+
+/// Reported: after fork, the child read zeros where the parent's memory was
+/// swapped out. Now the child sees exactly its parent's memory, writes its
+/// own copy without touching the parent's, and every entry is freed once
+/// both are done.
+#[test]
+fn a_forked_child_sees_its_parents_swapped_memory() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(6 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let words = Words::of(&region);
+    assert!(rt.stats().evicted_folios > 0);
+    // SAFETY: the child only reads and writes memory and leaves with _exit;
+    // it allocates nothing and takes no lock another thread may hold.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let mut bad = 0u64;
+        for i in 0..words.count {
+            if words.read(i) != expect(base, base + i * 8) {
+                bad += 1;
+            }
+            // The child's writes are its own.
+            words.write(i, 0xC0DE);
+        }
+        for i in (0..words.count).step_by(511) {
+            if words.read(i) != 0xC0DE {
+                bad += 1;
+            }
+        }
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child saw wrong bytes (status {status:#x})");
+    for i in 0..words.count {
+        assert_eq!(words.read(i), expect(base, base + i * 8), "parent word {i} after the child wrote its copy");
+    }
+    assert!(rt.stats().forks >= 1);
+    assert!(eventually(|| rt.stats().children == 0), "the exited child was released");
+    drop(region);
+    rt.store().drain_slot_caches();
+    assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
+}
+
+/// A child that exits without touching anything gives its references back,
+/// and the parent's memory is intact.
+#[test]
+fn a_child_that_exits_untouched_releases_its_references() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(4 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    // SAFETY: the child leaves at once with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(eventually(|| rt.stats().children_exited >= 1 && rt.stats().children == 0));
+    let base = region.as_ptr() as usize;
+    check_range(base, base, base + region.len(), "the parent");
+    drop(region);
+    rt.store().drain_slot_caches();
+    assert_eq!(rt.store().slots_in_use(), 0);
+}
+
+/// Defect 2: a write into a hole (a page the program dropped) of a folio
+/// being evicted could land on a zero page the reclaimer installed without
+/// write protection, and then be dropped with the folio.
+#[test]
+fn writes_into_holes_of_an_evicting_folio_are_kept() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(4 * MIB).unwrap();
+    let words = Words::of(&region);
+    let base = region.as_ptr() as usize;
+    let folios = region.len() / FOLIO;
+    let per_folio = FOLIO / 8;
+    for round in 1..=30u64 {
+        // Every folio gets a hole at its third page, then a writer fills the
+        // holes while the folios are being evicted.
+        for f in 0..folios {
+            let hole = base + f * FOLIO + 2 * PAGE;
+            // SAFETY: one page of our own region.
+            assert_eq!(unsafe { libc::madvise(hole as *mut _, PAGE, libc::MADV_DONTNEED) }, 0);
+            words.write(f * per_folio, round);
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for f in 0..folios {
+                    words.write(f * per_folio + 2 * PAGE / 8, round);
+                }
+            });
+            evict_to_limit(&rt);
+        });
+        for f in 0..folios {
+            assert_eq!(words.read(f * per_folio + 2 * PAGE / 8), round, "round {round}: the write into folio {f}'s hole");
+            assert_eq!(words.read(f * per_folio), round, "round {round}: folio {f}'s first word");
+        }
+    }
+}
+
+/// Defect 3: the reclaimer's own drop of a run of folios spanning two
+/// mappings raises two REMOVE events; the second was taken for the
+/// program's and the folios behind it were lost.
+#[test]
+fn eviction_across_a_mapping_split_is_not_taken_for_the_programs_drop() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    let base = region.as_ptr() as usize;
+    let words = Words::of(&region);
+    for i in 0..words.count {
+        words.write(i, expect(base, base + i * 8));
+    }
+    // Split the mapping every 3 folios and a page (read-only pages, never
+    // written again), so that reclaim runs cross mapping boundaries.
+    for k in 1..(region.len() / (3 * FOLIO)) {
+        let at = base + k * 3 * FOLIO + PAGE;
+        // SAFETY: changing the protection of a page of our own region.
+        assert_eq!(unsafe { libc::mprotect(at as *mut _, PAGE, libc::PROT_READ) }, 0);
+    }
+    evict_to_limit(&rt);
+    assert!(rt.stats().evicted_folios > 0);
+    check_range(base, base, base + region.len(), "after eviction across splits");
+}
+
+/// Defect 4: a program's MADV_DONTNEED during a swap-in of the same folio:
+/// the old bytes could be installed after madvise returned.
+#[test]
+fn madvise_racing_a_swap_in_leaves_zeros() {
+    let rt = Arc::new(runtime(MIB, FOLIO, 8, false));
+    let region = rt.map(4 * MIB).unwrap();
+    let words = Words::of(&region);
+    let base = region.as_ptr() as usize;
+    let per_folio = FOLIO / 8;
+    let folios = region.len() / FOLIO;
+    for round in 0..20 {
+        for i in 0..words.count {
+            words.write(i, i as u64 | 1);
+        }
+        evict_to_limit(&rt);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            // A reader faults folios in...
+            s.spawn(|| {
+                let mut f = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = words.read((f % folios) * per_folio + 100);
+                    f += 7;
+                }
+            });
+            // ...while this thread drops them and must then read zeros.
+            for f in (round % 3..folios).step_by(3) {
+                let at = base + f * FOLIO;
+                // SAFETY: a folio of our own region.
+                assert_eq!(unsafe { libc::madvise(at as *mut _, FOLIO, libc::MADV_DONTNEED) }, 0);
+                for k in (0..per_folio).step_by(64) {
+                    assert_eq!(words.read(f * per_folio + k), 0, "round {round}: folio {f} word {k} after MADV_DONTNEED");
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+}
+
+/// Defect 6 and 7: a move of the whole region racing swap-ins of its
+/// folios lost folios, or deadlocked the event thread against a filler.
+#[test]
+fn mremap_racing_swap_ins_keeps_every_byte_and_does_not_hang() {
+    within(Duration::from_secs(120), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let len = 4 * MIB;
+        let region = rt.map(len).unwrap();
+        fill_and_evict(&rt, &region);
+        let first = region.as_ptr() as usize;
+        // SAFETY: a second home for the region, readable (never a fault
+        // the runtime must serve), to move it into and back out of.
+        let spare = unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), len + FOLIO, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            (p as usize).next_multiple_of(FOLIO)
+        };
+        let at = AtomicUsize::new(first);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let readers: Vec<_> = (0..2)
+                .map(|t| {
+                    let (at, stop) = (&at, &stop);
+                    s.spawn(move || {
+                        let mut k = t * 13;
+                        let mut checked = 0usize;
+                        while !stop.load(Ordering::Relaxed) {
+                            let off = (k * 4099 * 8) % len;
+                            let base = at.load(Ordering::Acquire);
+                            // SAFETY: both homes stay mapped for the whole
+                            // test (a move leaves the old one mapped and
+                            // empty: MREMAP_DONTUNMAP).
+                            let v = unsafe { std::ptr::read_volatile((base + off) as *const u64) };
+                            // A read that raced a move may see the empty
+                            // home (zero); any other value must be right.
+                            if v != 0 {
+                                assert_eq!(v, (off / 8) as u64 ^ 0x5555, "word at +{off:#x}");
+                                checked += 1;
+                            }
+                            k += 1;
+                        }
+                        checked
+                    })
+                })
+                .collect();
+            for round in 0..200 {
+                let (from, to) = if round % 2 == 0 { (first, spare) } else { (spare, first) };
+                // SAFETY: moving the whole region between its two homes; the
+                // old one stays mapped, empty.
+                let moved = unsafe {
+                    libc::mremap(
+                        from as *mut _,
+                        len,
+                        len,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
+                        to as *mut libc::c_void,
+                    )
+                };
+                assert_eq!(moved as usize, to, "mremap: {}", std::io::Error::last_os_error());
+                at.store(to, Ordering::Release);
+                // The readers keep memory over the limit: the reclaimer
+                // evicts between and during the moves.
+                rt.reclaim_now();
+                std::thread::yield_now();
+            }
+            stop.store(true, Ordering::Relaxed);
+            let checked: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+            assert!(checked > 0, "the readers checked something");
+        });
+        let base = region.current_base();
+        assert_eq!(base, at.load(Ordering::Acquire), "the runtime followed the moves");
+        check_range(base, base, base + len, "after the moves");
+    });
+}
+
+/// Defect 8: two threads faulting on one folio whose stored data is
+/// corrupt: the first got SIGBUS and the folio went back to SWAPPED without
+/// a wake, so the second waited forever. Now the folio is poisoned and
+/// every toucher gets SIGBUS.
+#[test]
+fn every_thread_touching_a_corrupt_folio_gets_sigbus() {
+    if is_child_process() {
+        return corrupt_folio_child();
+    }
+    let (code, signal) = in_child_process("every_thread_touching_a_corrupt_folio_gets_sigbus", Duration::from_secs(60));
+    assert_eq!((code, signal), (Some(0), None), "both threads got SIGBUS");
+}
+
+static SIGBUSES: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_sigbus(_: libc::c_int) {
+    SIGBUSES.fetch_add(1, Ordering::SeqCst);
+    // Ends only this thread (the raw exit, not exit_group): async-signal-safe.
+    // SAFETY: the thread owns nothing another thread waits on.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+}
+
+fn corrupt_folio_child() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(4 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let victim = (0..region.len() / FOLIO)
+        .map(|f| base + f * FOLIO)
+        .find(|&a| {
+            rt.swapped_slot(a as *const u8)
+                .is_some_and(|s| (s..s + 16).any(|slot| rt.store().corrupt_stored_object(slot)))
+        })
+        .expect("a swapped folio with a pool object");
+    // SAFETY: installing a plain handler for SIGBUS.
+    unsafe { libc::signal(libc::SIGBUS, on_sigbus as extern "C" fn(libc::c_int) as usize) };
+    for t in 0..2 {
+        std::thread::spawn(move || {
+            // SAFETY: a word of the region.
+            let v = unsafe { std::ptr::read_volatile((victim + t * PAGE * 3) as *const u64) };
+            eprintln!("thread {t} read {v:#x} from a corrupt folio");
+            std::process::exit(3);
+        });
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while SIGBUSES.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = SIGBUSES.load(Ordering::SeqCst);
+    assert!(rt.stats().store.decompress_fail > 0);
+    std::process::exit(if got == 2 { 0 } else { 10 + got as i32 });
+}
+
+/// Defect 9: with the pool full and no swap file, refused folios went back
+/// to the reclaim queue and were recompressed without pause, forever.
+#[test]
+fn a_full_pool_without_a_swap_file_backs_off_instead_of_spinning() {
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: MIB,
+        folio_size: FOLIO,
+        max_pool_bytes: Some(256 << 10),
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let region = rt.map(8 * MIB).unwrap();
+    let words = Words::of(&region);
+    // Pages that compress poorly fill the small pool at once.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..words.count {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        words.write(i, x);
+    }
+    assert!(eventually(|| rt.stats().reclaim_backoffs > 0), "the reclaimer backed off: {:?}", rt.stats());
+    let before = rt.stats().reclaim_batches;
+    // A measurement window, not synchronisation: how many plugs the
+    // reclaimer flushes in half a second with nothing it can store.
+    std::thread::sleep(Duration::from_millis(500));
+    let flushed = rt.stats().reclaim_batches - before;
+    assert!(flushed <= 20, "{flushed} plugs flushed in 0.5 s with a full pool: the reclaimer spins");
+    // Every byte is still there.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..words.count {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        assert_eq!(words.read(i), x, "word {i}");
+    }
+}
+
+/// Defect 11: a managed mapping given back while a folio's stored data is
+/// unusable read zeros there; it must raise SIGBUS.
+#[test]
+fn a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus() {
+    if is_child_process() {
+        return give_back_child();
+    }
+    let (code, signal) = in_child_process("a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus", Duration::from_secs(60));
+    assert_eq!(signal, Some(libc::SIGBUS), "the child ended with code {code:?}, signal {signal:?}");
+}
+
+fn give_back_child() {
+    let len = 4 * MIB;
+    // SAFETY: a fresh private anonymous mapping, aligned by over-mapping.
+    let base = unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len + FOLIO, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        (p as usize).next_multiple_of(FOLIO)
+    };
+    let words = Words { base, count: len / 8 };
+    for i in 0..words.count {
+        words.write(i, i as u64 | 1);
+    }
+    let rt = runtime(MIB, FOLIO, 8, false);
+    // SAFETY: the mapping stays mapped for the rest of the process.
+    let region = unsafe { rt.manage(base as *mut u8, len) }.unwrap();
+    evict_to_limit(&rt);
+    let victim = (0..len / FOLIO)
+        .map(|f| base + f * FOLIO)
+        .find(|&a| {
+            rt.swapped_slot(a as *const u8)
+                .is_some_and(|s| (s..s + 16).any(|slot| rt.store().corrupt_stored_object(slot)))
+        })
+        .expect("a swapped folio with a pool object");
+    drop(region);
+    let v = words.read((victim - base) / 8);
+    eprintln!("read {v:#x} from a corrupt folio given back");
+    std::process::exit(3);
+}
