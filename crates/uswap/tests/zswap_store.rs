@@ -301,6 +301,42 @@ fn a_corrupt_object_is_a_decompress_fail_never_data() {
 }
 
 #[test]
+fn an_edited_object_is_caught_by_its_checksum_or_by_the_decoder() {
+    let corpus = corpus_pages();
+    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    let data = folio(&corpus, 4, 4);
+    let range = store(&z, &data).unwrap();
+    let mut original = Vec::new();
+    let cut = |b: &mut Vec<u8>| {
+        b.pop();
+    };
+    let victim = range
+        .slots()
+        .find(|&s| {
+            z.edit_stored_object(s, false, |b| {
+                original = b.clone();
+                cut(b);
+            })
+        })
+        .unwrap();
+    let mut out = vec![0u8; data.len()];
+    // The checksum taken at store time catches the cut.
+    assert_eq!(z.load(range, &mut out), Err(LoadError::Corrupt(victim)));
+    // With the checksum taken after the cut, the decoder catches it.
+    assert!(z.edit_stored_object(victim, true, |_| {}));
+    assert_eq!(z.load(range, &mut out), Err(LoadError::Corrupt(victim)));
+    assert_eq!(z.stats().decompress_fail, 2);
+    // Lengths the store could not have recorded are refused.
+    assert!(!z.edit_stored_object(victim, true, |b| b.clear()));
+    assert!(!z.edit_stored_object(victim, true, |b| b.resize(PAGE_SIZE + 1, 0)));
+    // Put back, the folio loads exactly, and nothing is left behind.
+    assert!(z.edit_stored_object(victim, true, |b| *b = original.clone()));
+    z.load(range, &mut out).unwrap();
+    assert!(out == data);
+    assert_eq!((z.slots_in_use(), z.pool().objects(), z.stats().stored_bytes), (0, 0, 0));
+}
+
+#[test]
 fn an_engine_that_stops_answering_does_not_block_the_store() {
     let corpus = corpus_pages();
     let device = Arc::new(

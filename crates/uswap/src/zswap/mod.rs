@@ -372,6 +372,51 @@ impl Zswap {
         }
     }
 
+    /// Fault injection (for the fuzz targets): lets `edit` rewrite the bytes
+    /// of the stored object of `slot`, length included. The checksum is the
+    /// one taken at store time, so the load must catch any change, unless
+    /// `refresh_crc`: then it is taken of the edited bytes, as if they had
+    /// been wrong before the store checksummed them, and the decoder is what
+    /// sees the damage. The edited length must be one the store can record:
+    /// 1..=PAGE_SIZE bytes, exactly PAGE_SIZE for a page stored raw.
+    /// Returns whether the slot held a pool object and the edit was applied.
+    pub fn edit_stored_object(&self, slot: u32, refresh_crc: bool, edit: impl FnOnce(&mut Vec<u8>)) -> bool {
+        let inner = &self.inner;
+        let entry = inner.index.claim(slot);
+        let index::Entry::Pool { handle, len, raw } = entry else {
+            if entry != index::Entry::Empty {
+                inner.index.release(slot, entry);
+            }
+            return false;
+        };
+        let crc = inner.index.crc(slot);
+        let mut bytes = vec![0u8; len];
+        inner.pool.read(handle, &mut bytes);
+        edit(&mut bytes);
+        let fits = if raw { bytes.len() == PAGE_SIZE } else { (1..=PAGE_SIZE).contains(&bytes.len()) };
+        if !fits {
+            inner.index.release(slot, entry);
+            return false;
+        }
+        let handle = if bytes.len() == len {
+            handle
+        } else {
+            let Ok(moved) = inner.pool.alloc(bytes.len()) else {
+                inner.index.release(slot, entry);
+                return false;
+            };
+            inner.pool.free(handle);
+            inner.account_pool_object(len, raw, false);
+            inner.account_pool_object(bytes.len(), raw, true);
+            moved
+        };
+        inner.pool.write(handle, &bytes);
+        let crc = if refresh_crc { crc32c::crc32c(&bytes) } else { crc };
+        let edited = index::Entry::Pool { handle, len: bytes.len(), raw };
+        inner.index.publish(slot, edited, crc);
+        true
+    }
+
     /// Whether `slot` holds a page (in the pool, written back, or
     /// same-filled).
     pub fn is_stored(&self, slot: u32) -> bool {

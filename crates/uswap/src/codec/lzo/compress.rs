@@ -197,9 +197,14 @@ impl Out<'_> {
 /// (length 261..264) followed by a distance byte of 0xff reads as a zero
 /// run; such matches are shortened to 260.
 fn avoid_rle_ambiguity(distance: usize, len: usize) -> usize {
+    // Only M4 matches (beyond M3's reach) are concerned; nearer ones must
+    // not reach the subtraction.
+    if distance <= M3_MAX_DISTANCE {
+        return len;
+    }
     let d = distance - 16384;
     let high_bit = d & 0x4000 != 0;
-    if distance > M3_MAX_DISTANCE && high_bit && (261..=264).contains(&len) && d & 0x3f == 0x3f {
+    if high_bit && (261..=264).contains(&len) && d & 0x3f == 0x3f {
         260
     } else {
         len
