@@ -17,7 +17,7 @@
 use super::events::{self, FollowUp};
 use super::folio::{self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING};
 use super::space::{Owner, Space};
-use super::swapin::{self, Server, SwappedIn, Worker};
+use super::swapin::{self, Pass, Server, SwappedIn, Worker};
 use super::uffd::{Event, Partial, UffdError};
 use super::Shared;
 use crate::page::{page_floor, PAGE_SIZE};
@@ -45,59 +45,128 @@ fn bump(counter: &std::sync::atomic::AtomicU64) {
 /// The event thread, with the faults it has read but not yet served.
 struct EventThread<'a> {
     shared: &'a Shared,
+    /// The gate's read side, held while this thread serves faults: it may
+    /// allocate then, and a fork's prepare handler (which takes the write
+    /// side) cannot let glibc take the malloc locks under it.
+    pass: Option<std::sync::RwLockReadGuard<'a, ()>>,
     backlog: VecDeque<Fault>,
     follow_ups: Vec<FollowUp>,
-    events: Vec<Event>,
+    /// Events read and not yet applied, and the index of each one's space.
+    raw: Vec<Event>,
+    origin: Vec<u32>,
 }
 
+/// Events one read takes at most.
+const READ_BATCH: usize = 64;
+/// Events that may wait unapplied while the program forks: each program
+/// thread has at most one fault or event pending, so this bounds the
+/// threads a forking program may have.
+const PENDING_EVENTS: usize = 4096;
+
 impl EventThread<'_> {
-    /// Reads every live space's pending events under the gate's write side,
-    /// applies the non-fault ones and queues the faults; returns how many
-    /// events it read.
+    /// Reads every live space's pending events, applies the non-fault ones
+    /// and queues the faults; returns how many events it read.
+    ///
+    /// Reading happens under the gate's write side, taken here or, while
+    /// the program forks, held for this thread by the fork's prepare handler
+    /// (see [`super::fork`]). Until a fork's own event has been read, glibc
+    /// holds every malloc lock and the forking thread waits for this thread:
+    /// so this never blocks on the gate (a thread holding it may be waiting
+    /// for malloc) and allocates nothing before the fork event is in.
     fn read_pending(&mut self) -> usize {
         let shared = self.shared;
-        let _gate = shared.gate.write().expect("event gate");
-        shared.forget_returned_drops();
-        let spaces: Vec<Arc<Space>> = shared.spaces.read().expect("spaces lock").clone();
         let mut read = 0;
-        for space in spaces {
-            if !space.alive.load(Ordering::Acquire) {
+        let gate = loop {
+            if shared.fork_pending.load(Ordering::Acquire) {
+                read += self.read_raw();
+                if !self.raw.iter().any(|e| matches!(e, Event::Fork { .. })) {
+                    std::thread::yield_now();
+                    continue;
+                }
+                // The fork's event is in: the forker gives the gate back
+                // once fork has returned.
+            }
+            match shared.gate.try_write() {
+                Ok(g) => break g,
+                Err(_) => std::thread::yield_now(),
+            }
+        };
+        read += self.read_raw();
+        let applied = shared.reads.load(Ordering::Acquire);
+        let spaces: Vec<Arc<Space>> = shared.spaces.read().expect("spaces lock").clone();
+        let origins = std::mem::take(&mut self.origin);
+        for (event, k) in self.raw.drain(..).zip(origins.iter()) {
+            let space = &spaces[*k as usize];
+            match event {
+                Event::PageFault { addr, wp, tid, .. } => self.backlog.push_back(Fault {
+                    space: space.clone(),
+                    addr,
+                    wp,
+                    tid,
+                }),
+                Event::Remove { start, end } => {
+                    if !shared.is_own_drop(space, start, end) {
+                        events::on_remove(shared, space, start, end);
+                    }
+                }
+                Event::Unmap { start, end } => events::on_unmap(shared, space, start, end),
+                Event::Remap { from, to, len } => events::on_remap(shared, space, from, to, len, &mut self.follow_ups),
+                Event::Fork { child } => {
+                    let child = events::on_fork(shared, space, child);
+                    shared.spaces.write().expect("spaces lock").push(child);
+                }
+            }
+        }
+        self.origin = origins;
+        self.origin.clear();
+        shared.forget_returned_drops(applied);
+        drop(gate);
+        read
+    }
+
+    /// Reads what every live space has pending into `raw` (whose capacity is
+    /// reserved: no allocation), noting each event's space in `origin`.
+    fn read_raw(&mut self) -> usize {
+        let spaces = self.shared.spaces.read().expect("spaces lock");
+        self.shared.reads.fetch_add(1, Ordering::AcqRel);
+        let mut read = 0;
+        for (k, space) in spaces.iter().enumerate() {
+            if !space.alive.load(Ordering::Acquire) || self.raw.len() + READ_BATCH > self.raw.capacity() {
                 continue;
             }
-            self.events.clear();
-            match space.uffd.read_events(&mut self.events) {
+            match space.uffd.read_events(&mut self.raw) {
                 Ok(n) => read += n,
                 Err(UffdError::ProcessGone) => continue,
                 Err(e) => panic!("reading userfaultfd events: {e}"),
             }
-            for event in self.events.drain(..) {
-                match event {
-                    Event::PageFault { addr, wp, tid, .. } => self.backlog.push_back(Fault {
-                        space: space.clone(),
-                        addr,
-                        wp,
-                        tid,
-                    }),
-                    Event::Remove { start, end } => {
-                        if !shared.is_own_drop(&space, start, end) {
-                            events::on_remove(shared, &space, start, end);
-                        }
-                    }
-                    Event::Unmap { start, end } => events::on_unmap(shared, &space, start, end),
-                    Event::Remap { from, to, len } => events::on_remap(shared, &space, from, to, len, &mut self.follow_ups),
-                    Event::Fork { child } => {
-                        let child = events::on_fork(shared, &space, child);
-                        shared.spaces.write().expect("spaces lock").push(child);
-                    }
-                }
+            while self.origin.len() < self.raw.len() {
+                self.origin.push(k as u32);
             }
         }
         read
     }
 
+    /// Takes the gate's read side for serving faults, reading (and, when
+    /// it can, applying) events until it gets it.
+    fn hold_pass(&mut self) {
+        let shared = self.shared;
+        while self.pass.is_none() {
+            match shared.gate.try_read() {
+                Ok(g) => self.pass = Some(g),
+                Err(_) => {
+                    self.read_pending();
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
     /// Releases children that have exited or exec'd.
     fn reap_children(&mut self) {
         let shared = self.shared;
+        // Never block on the gate here (see `read_pending`): try later. Held
+        // before anything is allocated.
+        let Ok(_gate) = shared.gate.try_write() else { return };
         let gone: Vec<Arc<Space>> = shared
             .spaces
             .read()
@@ -109,7 +178,6 @@ impl EventThread<'_> {
         if gone.is_empty() {
             return;
         }
-        let _gate = shared.gate.write().expect("event gate");
         for space in &gone {
             events::release_space(shared, space);
         }
@@ -122,23 +190,37 @@ impl Server for EventThread<'_> {
         false
     }
 
+    fn enter<'s>(&self, shared: &'s Shared) -> Option<Pass<'s>> {
+        // Never block on the gate: a forking program's prepare handler may
+        // hold it until this thread has read the fork's event.
+        if self.pass.is_some() {
+            Some(Pass::Held)
+        } else {
+            shared.gate.try_read().ok().map(|g| Pass::Taken { _guard: g })
+        }
+    }
+
     fn on_eagain(&mut self) {
         // The event that makes the address space change may be waiting for
         // this thread.
+        self.pass = None;
         self.read_pending();
         std::thread::yield_now();
+        self.hold_pass();
     }
 }
 
 pub(crate) fn event_loop(shared: &Shared) {
     let mut ev = EventThread {
         shared,
+        pass: None,
         backlog: VecDeque::new(),
         follow_ups: Vec::new(),
-        events: Vec::new(),
+        raw: Vec::with_capacity(PENDING_EVENTS),
+        origin: Vec::with_capacity(PENDING_EVENTS),
     };
     let mut checked = Instant::now();
-    let mut pollfds: Vec<libc::pollfd> = Vec::new();
+    let mut pollfds: Vec<libc::pollfd> = Vec::with_capacity(64);
     while !shared.shutdown.load(Ordering::Acquire) {
         if checked.elapsed() >= CHILD_CHECK {
             ev.reap_children();
@@ -157,6 +239,7 @@ pub(crate) fn event_loop(shared: &Shared) {
             }
             ev.read_pending();
         }
+        ev.hold_pass();
         for fu in std::mem::take(&mut ev.follow_ups) {
             swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut ev);
         }
@@ -168,6 +251,7 @@ pub(crate) fn event_loop(shared: &Shared) {
                 cv.notify_one();
             }
         }
+        ev.pass = None;
     }
 }
 
@@ -257,7 +341,7 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
 fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
     let space = &*fault.space;
     let page = page_floor(fault.addr);
-    let gate = shared.gate.read().expect("event gate");
+    let Some(gate) = server.enter(shared) else { return Step::Again };
     let Some((region, i)) = space.lookup(fault.addr) else {
         // Registered memory no region tracks (moved out of a region by a
         // cut, or grown by mremap): fresh anonymous memory reads as zero,

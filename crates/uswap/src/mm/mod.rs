@@ -53,6 +53,7 @@ mod counters;
 mod events;
 mod fault;
 mod folio;
+mod fork;
 mod reclaim;
 mod region;
 mod space;
@@ -73,7 +74,7 @@ use fault::Fault;
 use space::{Owner, RegionInner, Space};
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use swapin::Worker;
@@ -88,15 +89,16 @@ pub(crate) struct FolioRef {
 
 /// One of the reclaimer's own MADV_DONTNEEDs: the REMOVE events inside it
 /// are its own, up to its length. The call returns as soon as the event
-/// thread has read its events, which may be before it has handled them, so
-/// the record outlives the call: the event thread forgets it at its next
-/// read after the call returned (by then every event of the call has been
-/// read and handled).
+/// thread has read its events, which may be well before it applies them
+/// (while the program forks), so the record outlives the call: the event
+/// thread forgets it once it has applied every read up to the one current
+/// when the call returned.
 struct OwnDrop {
     start: usize,
     end: usize,
     unattributed: usize,
-    returned: bool,
+    /// The event thread's read count when the call returned, once it has.
+    returned_at: Option<u64>,
 }
 
 /// Everything the runtime's threads share.
@@ -125,10 +127,17 @@ pub(crate) struct Shared {
     /// The reclaimer could not free anything: throttling would wait forever.
     pub reclaim_stuck: AtomicBool,
     own_drops: Mutex<Vec<OwnDrop>>,
+    /// Reads of the userfaultfds the event thread has begun.
+    pub reads: AtomicU64,
     pub reclaimer_tid: AtomicI32,
     pub faults: (Mutex<VecDeque<Fault>>, Condvar),
     pub counters: Counters,
     pub shutdown: AtomicBool,
+    /// The program is forking (see [`fork`]).
+    pub fork_pending: AtomicBool,
+    /// This is a forked child's copy of the runtime: none of its threads
+    /// exist here and its descriptors act on the parent, so it does nothing.
+    pub forked_copy: AtomicBool,
     /// Handles (the runtime and its regions) still held by users.
     users: AtomicUsize,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -181,15 +190,19 @@ impl Runtime {
             reclaimed: (Mutex::new(()), Condvar::new()),
             reclaim_stuck: AtomicBool::new(false),
             own_drops: Mutex::new(Vec::new()),
+            reads: AtomicU64::new(0),
             reclaimer_tid: AtomicI32::new(0),
             faults: (Mutex::new(VecDeque::new()), Condvar::new()),
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
+            fork_pending: AtomicBool::new(false),
+            forked_copy: AtomicBool::new(false),
             users: AtomicUsize::new(1),
             threads: Mutex::new(Vec::new()),
             config,
         });
         let runtime = Runtime { shared: shared.clone() };
+        fork::register(&shared);
         // On error, dropping `runtime` stops the threads already started.
         let spawn = |name: String, f: fn(&Shared)| -> io::Result<()> {
             let s = shared.clone();
@@ -369,7 +382,7 @@ impl Shared {
             start,
             end: start + len,
             unattributed: len,
-            returned: false,
+            returned_at: None,
         });
     }
 
@@ -378,15 +391,18 @@ impl Shared {
         let mut drops = self.own_drops.lock().expect("own drops lock");
         let d = drops
             .iter_mut()
-            .find(|d| d.start == start && !d.returned)
+            .find(|d| d.start == start && d.returned_at.is_none())
             .expect("the drop was registered");
-        d.returned = true;
+        d.returned_at = Some(self.reads.load(Ordering::Acquire));
     }
 
-    /// Before the event thread reads: forgets the drops whose call had
-    /// returned (all their events were read, and handled, earlier).
-    pub fn forget_returned_drops(&self) {
-        self.own_drops.lock().expect("own drops lock").retain(|d| !d.returned);
+    /// After the event thread has applied every read up to read number
+    /// `applied`: forgets the drops whose call had returned by then.
+    pub fn forget_returned_drops(&self, applied: u64) {
+        self.own_drops
+            .lock()
+            .expect("own drops lock")
+            .retain(|d| d.returned_at.is_none_or(|at| at > applied));
     }
 
     /// Whether a REMOVE event is the reclaimer's own drop: inside a range it
@@ -412,6 +428,9 @@ impl Shared {
     /// except what the program unmapped or moved away, which may belong to
     /// an unrelated mapping by now.
     fn drop_region(&self, region: &Arc<RegionInner>) {
+        if self.forked_copy.load(Ordering::Acquire) {
+            return;
+        }
         let own = self.own_space();
         for (i, f) in region.folios.iter().enumerate() {
             loop {
@@ -476,7 +495,7 @@ impl Shared {
 
     /// Drops one user handle; the last one stops the threads.
     fn release_user(&self) {
-        if self.users.fetch_sub(1, Ordering::AcqRel) != 1 {
+        if self.users.fetch_sub(1, Ordering::AcqRel) != 1 || self.forked_copy.load(Ordering::Acquire) {
             return;
         }
         self.shutdown.store(true, Ordering::Release);

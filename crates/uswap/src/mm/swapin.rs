@@ -37,6 +37,25 @@ pub(crate) trait Server {
     /// lock held: the event thread reads the pending events there, any other
     /// thread yields to it.
     fn on_eagain(&mut self);
+    /// Takes the event gate's read side (or finds it held already), or None
+    /// if this thread must not wait for it now (it then calls `on_eagain`
+    /// and tries again).
+    fn enter<'s>(&self, shared: &'s Shared) -> Option<Pass<'s>> {
+        Some(Pass::Taken {
+            _guard: shared.gate.read().expect("event gate"),
+        })
+    }
+}
+
+/// The event gate's read side, as [`Server::enter`] gives it.
+pub(crate) enum Pass<'s> {
+    /// The server holds it for longer already (the event thread).
+    Held,
+    /// Taken for this section (released when dropped).
+    Taken {
+        /// The guard, held for its drop.
+        _guard: std::sync::RwLockReadGuard<'s, ()>,
+    },
 }
 
 /// Any thread but the event thread.
@@ -120,7 +139,10 @@ pub(crate) fn install(
     let pages = region.pages_per_folio() as usize;
     let mut done = crate::page::PageMask::default();
     'attempts: loop {
-        let gate = shared.gate.read().expect("event gate");
+        let Some(gate) = server.enter(shared) else {
+            server.on_eagain();
+            continue;
+        };
         let extras = space.extras_of(region, i, region.folios[i].load());
         let at = region.folio_addr(i);
         let mut p = 0;

@@ -1,0 +1,85 @@
+//! The program's own fork, seen from inside its process.
+//!
+//! glibc's fork() takes every malloc lock, then makes the system call, and
+//! the kernel holds the forking thread until the runtime's event thread has
+//! read the fork event. A runtime thread that needed malloc then, or a lock
+//! held by a thread that did, would never let the event thread read it: the
+//! program would hang in fork. So fork handlers (pthread_atfork), which run
+//! before glibc takes its locks, prepare every runtime of the process:
+//!
+//! - prepare: take the event gate's write side (no runtime thread is then
+//!   inside a section the event thread would wait for) and raise
+//!   `fork_pending`; the event thread then reads, without the gate and
+//!   without allocating, until it has the fork event (see `fault.rs`);
+//! - parent: lower `fork_pending` and give the gate back; the event thread
+//!   applies what it read;
+//! - child: the child is a copy with none of the runtime's threads: its
+//!   runtimes are marked, so that dropping them or their regions there
+//!   touches nothing (their descriptors act on the parent).
+
+use super::Shared;
+use std::sync::atomic::Ordering;
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, Once, RwLockWriteGuard, Weak};
+
+/// Every live runtime of the process.
+static RUNTIMES: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// The runtimes a fork in progress has prepared, with their gates held. The
+/// guard comes first so that it is dropped before the runtime it borrows.
+type Held = (RwLockWriteGuard<'static, ()>, Arc<Shared>);
+
+thread_local! {
+    /// Per forking thread: the handlers of one fork run on the thread that
+    /// calls it, and a lock guard must be released where it was taken.
+    static PREPARED: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
+}
+
+static HANDLERS: Once = Once::new();
+
+/// Registers a runtime (and, once per process, the fork handlers).
+pub(crate) fn register(shared: &Arc<Shared>) {
+    HANDLERS.call_once(|| {
+        // SAFETY: registering plain functions that live for the whole
+        // process.
+        let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        assert_eq!(r, 0, "pthread_atfork");
+    });
+    let mut all = RUNTIMES.lock().expect("runtimes lock");
+    all.retain(|w| w.strong_count() > 0);
+    all.push(Arc::downgrade(shared));
+}
+
+extern "C" fn prepare() {
+    let runtimes: Vec<Arc<Shared>> = RUNTIMES.lock().expect("runtimes lock").iter().filter_map(Weak::upgrade).collect();
+    let mut prepared = Vec::with_capacity(runtimes.len());
+    for shared in runtimes {
+        if shared.shutdown.load(Ordering::Acquire) {
+            continue;
+        }
+        let guard = shared.gate.write().expect("event gate");
+        // SAFETY: the guard borrows `shared.gate`, which lives as long as the
+        // Arc stored beside it; the pair is dropped guard first (`Held`).
+        let guard: RwLockWriteGuard<'static, ()> = unsafe { std::mem::transmute(guard) };
+        shared.fork_pending.store(true, Ordering::Release);
+        prepared.push((guard, shared));
+    }
+    PREPARED.with(|p| *p.borrow_mut() = prepared);
+}
+
+extern "C" fn parent() {
+    for (guard, shared) in PREPARED.with(|p| std::mem::take(&mut *p.borrow_mut())) {
+        shared.fork_pending.store(false, Ordering::Release);
+        drop(guard);
+    }
+}
+
+extern "C" fn child() {
+    // The locks here are copies that nobody in the child will take again;
+    // the runtimes only need to know they are copies.
+    let prepared = PREPARED.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    for (_, shared) in &prepared {
+        shared.forked_copy.store(true, Ordering::Release);
+    }
+    std::mem::forget(prepared);
+}

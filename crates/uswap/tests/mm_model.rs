@@ -1,0 +1,456 @@
+//! The stateful random test of program behaviour: a model of a process's
+//! memory, page by page, and a seeded random sequence of what real programs
+//! do to theirs (mmap, munmap of whole and partial folios, mprotect that
+//! splits folios, MADV_DONTNEED, MADV_FREE, mremap that grows, shrinks,
+//! moves and cuts through folios, fork with the child checking all of its
+//! memory), while two more threads read and write memory of their own, all
+//! under eviction pressure (the limit is a fraction of the working set).
+//! Every read is checked against the model; at the end every slot and every
+//! pool page is back.
+//!
+//! `USWAP_MODEL_OPS` (operations per case, default 1500) and
+//! `USWAP_MODEL_SEEDS` (seeds per case, default 1) make it a soak;
+//! `USWAP_MODEL_SEED` picks the first seed (to replay a failure);
+//! `USWAP_MODEL_TRACE=1` prints every operation.
+
+mod common;
+
+use common::{within, Words, MIB};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use uswap::mm::{Region, Runtime, RuntimeConfig};
+
+const PAGE: usize = 4096;
+const WORDS: usize = PAGE / 8;
+
+/// What a page holds in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Page {
+    /// Content: every word derived from this seed (0: zeros).
+    seed: u64,
+    /// After MADV_FREE: the kernel may have freed it (zeros) or not (seed)
+    /// until it is written again.
+    maybe_zero: bool,
+    writable: bool,
+    /// The region it belongs to (its handle unmaps it), or NONE for pages a
+    /// partial move took out of their region.
+    owner: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+fn word(seed: u64, k: usize) -> u64 {
+    if seed == 0 {
+        0
+    } else {
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(k as u64 * 0x2545_F491)
+    }
+}
+
+fn fill(addr: usize, seed: u64) {
+    for k in 0..WORDS {
+        // SAFETY: `addr` is a mapped, writable page of the model.
+        unsafe { std::ptr::write_volatile((addr as *mut u64).add(k), word(seed, k)) };
+    }
+}
+
+/// Whether the page at `addr` holds what the model says (reads every word).
+fn holds(addr: usize, page: &Page) -> bool {
+    let mut as_seed = true;
+    let mut as_zero = page.maybe_zero;
+    for k in 0..WORDS {
+        // SAFETY: `addr` is a mapped, readable page of the model.
+        let v = unsafe { std::ptr::read_volatile((addr as *const u64).add(k)) };
+        as_seed &= v == word(page.seed, k);
+        as_zero &= v == 0;
+    }
+    as_seed || as_zero
+}
+
+struct Case {
+    rt: Runtime,
+    rng: StdRng,
+    pages: BTreeMap<usize, Page>,
+    regions: Vec<(u32, Region)>,
+    next_region: u32,
+    /// Reserved address space that moves land in (bump allocated).
+    scratch: (usize, usize),
+    scratch_used: usize,
+    next_seed: u64,
+    folio: usize,
+    ops: Counts,
+    /// Print every operation (USWAP_MODEL_TRACE=1), to find where a
+    /// failing seed goes wrong.
+    trace: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    maps: u64,
+    writes: u64,
+    reads: u64,
+    partial_unmaps: u64,
+    region_drops: u64,
+    mprotects: u64,
+    dontneeds: u64,
+    frees: u64,
+    moves: u64,
+    resizes: u64,
+    forks: u64,
+    checked_pages: u64,
+}
+
+impl Case {
+    fn seed(&mut self) -> u64 {
+        self.next_seed += 1;
+        self.next_seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1
+    }
+
+    /// A run of up to `max` consecutive model pages (same protection not
+    /// required) starting at a random one.
+    fn run(&mut self, max: usize) -> Option<(usize, usize)> {
+        if self.pages.is_empty() {
+            return None;
+        }
+        let n = self.rng.gen_range(0..self.pages.len());
+        let start = *self.pages.keys().nth(n).unwrap();
+        let want = self.rng.gen_range(1..=max);
+        let mut len = 0;
+        while len < want && self.pages.contains_key(&(start + len * PAGE)) {
+            len += 1;
+        }
+        Some((start, len * PAGE))
+    }
+
+    fn check(&mut self, start: usize, len: usize, what: &str) {
+        for addr in (start..start + len).step_by(PAGE) {
+            let page = self.pages[&addr];
+            assert!(holds(addr, &page), "{what}: page {addr:#x} does not hold {page:?}");
+            self.ops.checked_pages += 1;
+        }
+    }
+
+    fn step(&mut self) {
+        let fs = self.folio;
+        let choice = self.rng.gen_range(0..100);
+        if self.trace {
+            eprintln!("op {choice} ({:?})", self.ops);
+        }
+        match choice {
+            0..=5 => {
+                if self.regions.len() < 6 {
+                    let len = fs * self.rng.gen_range(1..=(8 * MIB / fs).clamp(1, 48));
+                    let region = self.rt.map(len).expect("map");
+                    let base = region.as_ptr() as usize;
+                    let owner = self.next_region;
+                    self.next_region += 1;
+                    for addr in (base..base + len).step_by(PAGE) {
+                        self.pages.insert(addr, Page { seed: 0, maybe_zero: false, writable: true, owner });
+                    }
+                    self.regions.push((owner, region));
+                    self.ops.maps += 1;
+                }
+            }
+            6..=35 => {
+                if let Some((start, len)) = self.run(64) {
+                    for addr in (start..start + len).step_by(PAGE) {
+                        if self.pages[&addr].writable {
+                            let seed = self.seed();
+                            fill(addr, seed);
+                            let owner = self.pages[&addr].owner;
+                            self.pages.insert(addr, Page { seed, maybe_zero: false, writable: true, owner });
+                        }
+                    }
+                    self.ops.writes += 1;
+                }
+            }
+            36..=60 => {
+                if let Some((start, len)) = self.run(64) {
+                    self.check(start, len, "read");
+                    self.ops.reads += 1;
+                }
+            }
+            61..=65 => {
+                if let Some((start, len)) = self.run(40) {
+                    // SAFETY: pages of the model, which only this test uses.
+                    assert_eq!(unsafe { libc::munmap(start as *mut _, len) }, 0);
+                    for addr in (start..start + len).step_by(PAGE) {
+                        self.pages.remove(&addr);
+                    }
+                    self.ops.partial_unmaps += 1;
+                }
+            }
+            66..=67 => {
+                if !self.regions.is_empty() {
+                    let k = self.rng.gen_range(0..self.regions.len());
+                    let (owner, region) = self.regions.swap_remove(k);
+                    // Dropping the handle unmaps what is still the region's;
+                    // pages moved out of it stay where they went.
+                    drop(region);
+                    self.pages.retain(|_, p| p.owner != owner);
+                    self.ops.region_drops += 1;
+                }
+            }
+            68..=74 => {
+                if let Some((start, len)) = self.run(24) {
+                    let writable = self.rng.gen_bool(0.4);
+                    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+                    // SAFETY: pages of the model.
+                    assert_eq!(unsafe { libc::mprotect(start as *mut _, len, prot) }, 0);
+                    for addr in (start..start + len).step_by(PAGE) {
+                        self.pages.get_mut(&addr).unwrap().writable = writable;
+                    }
+                    self.ops.mprotects += 1;
+                }
+            }
+            75..=80 => {
+                if let Some((start, len)) = self.run(40) {
+                    let free = self.rng.gen_bool(0.3);
+                    let advice = if free { libc::MADV_FREE } else { libc::MADV_DONTNEED };
+                    // SAFETY: pages of the model.
+                    assert_eq!(unsafe { libc::madvise(start as *mut _, len, advice) }, 0);
+                    for addr in (start..start + len).step_by(PAGE) {
+                        let p = self.pages.get_mut(&addr).unwrap();
+                        if free {
+                            p.maybe_zero = true;
+                        } else {
+                            *p = Page { seed: 0, maybe_zero: false, ..*p };
+                        }
+                    }
+                    if free {
+                        self.ops.frees += 1;
+                    } else {
+                        self.ops.dontneeds += 1;
+                    }
+                }
+            }
+            81..=88 => self.remap(),
+            89..=91 => self.fork(),
+            _ => {
+                if let Some((start, len)) = self.run(16) {
+                    self.check(start, len, "read");
+                    self.ops.reads += 1;
+                }
+            }
+        }
+    }
+
+    /// Moves a run of pages into the scratch area (whole regions, folio
+    /// aligned parts and cuts through folios alike), or shrinks or grows one
+    /// in place.
+    fn remap(&mut self) {
+        let Some((start, len)) = self.run(96) else { return };
+        if self.rng.gen_bool(0.25) {
+            // Shrink in place: the tail goes.
+            let keep = self.rng.gen_range(0..len / PAGE) * PAGE;
+            if keep == 0 {
+                return;
+            }
+            // SAFETY: resizing pages of the model.
+            let r = unsafe { libc::mremap(start as *mut _, len, keep, 0) };
+            if r != libc::MAP_FAILED {
+                for addr in (start + keep..start + len).step_by(PAGE) {
+                    self.pages.remove(&addr);
+                }
+                self.ops.resizes += 1;
+            }
+            return;
+        }
+        let dst = (self.scratch.0 + self.scratch_used).next_multiple_of(self.folio.min(2 * MIB));
+        if dst + len > self.scratch.0 + self.scratch.1 {
+            return;
+        }
+        // A whole region moves with its handle; a part leaves it.
+        let whole = self.regions.iter().any(|(_, r)| r.as_ptr() as usize == start && r.len() == len);
+        // SAFETY: moving pages of the model onto reserved scratch space.
+        let r = unsafe { libc::mremap(start as *mut _, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, dst as *mut libc::c_void) };
+        if r == libc::MAP_FAILED {
+            // The run spans mappings (mprotect split it): mremap refuses.
+            return;
+        }
+        self.scratch_used = dst + len + PAGE - self.scratch.0;
+        for k in 0..len / PAGE {
+            let page = self.pages.remove(&(start + k * PAGE)).unwrap();
+            self.pages.insert(dst + k * PAGE, Page { owner: if whole { page.owner } else { NONE }, ..page });
+        }
+        self.ops.moves += 1;
+    }
+
+    /// Forks: the child checks every page of the model (MADV_FREE'd pages
+    /// may read as zero), writes one page of its own and checks it, and
+    /// exits; the parent's memory must be unchanged by the child's write.
+    fn fork(&mut self) {
+        let list: Vec<(usize, Page)> = self.pages.iter().map(|(&a, &p)| (a, p)).collect();
+        let target = list.iter().position(|(_, p)| p.writable);
+        let child_seed = self.seed();
+        // SAFETY: the child only reads and writes memory and leaves with
+        // _exit; it allocates nothing and takes no lock another thread may
+        // hold.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let mut bad = 0;
+            for (addr, page) in &list {
+                if !holds(*addr, page) {
+                    bad += 1;
+                }
+            }
+            if let Some(t) = target {
+                let addr = list[t].0;
+                fill(addr, child_seed);
+                if !holds(addr, &Page { seed: child_seed, maybe_zero: false, writable: true, owner: NONE }) {
+                    bad += 1;
+                }
+            }
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the forked child saw wrong bytes");
+        if let Some(t) = target {
+            let addr = list[t].0;
+            self.check(addr, PAGE, "the parent's page after the child wrote its copy");
+        }
+        self.ops.forks += 1;
+    }
+}
+
+/// Two threads reading and writing interleaved words of a region of their
+/// own, each checking against its own model, until told to stop.
+fn workers(words: Words, stop: &AtomicBool, seed: u64, done: &AtomicU64) {
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ t as u64);
+                let mine = (words.count - t).div_ceil(2);
+                let mut model = vec![0u64; mine];
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..256 {
+                        let k = rng.gen_range(0..mine);
+                        let i = k * 2 + t;
+                        if rng.gen_bool(0.5) {
+                            let v = rng.gen::<u64>() | 1;
+                            words.write(i, v);
+                            model[k] = v;
+                        } else {
+                            assert_eq!(words.read(i), model[k], "worker {t}: word {i}");
+                        }
+                    }
+                    done.fetch_add(256, Ordering::Relaxed);
+                }
+                for (k, &v) in model.iter().enumerate() {
+                    assert_eq!(words.read(k * 2 + t), v, "worker {t}: word {} at the end", k * 2 + t);
+                }
+            });
+        }
+    });
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
+    let high = if folio >= 2 * MIB { 6 * MIB } else { 2 * MIB };
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: high,
+        folio_size: folio,
+        swap_file: swap_file.then(|| (std::env::temp_dir(), 256 << 20)),
+        max_pool_bytes: Some(64 << 20),
+        ..RuntimeConfig::default()
+    })
+    .expect("userfaultfd runtime");
+    let scratch_len = 256 * MIB;
+    // SAFETY: a reservation that moves land in.
+    let scratch = unsafe { libc::mmap(std::ptr::null_mut(), scratch_len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0) };
+    assert_ne!(scratch, libc::MAP_FAILED);
+    let worker_region = rt.map(2 * high).expect("map");
+    let stop = AtomicBool::new(false);
+    let worker_ops = AtomicU64::new(0);
+    let mut case = Case {
+        rng: StdRng::seed_from_u64(seed),
+        pages: BTreeMap::new(),
+        regions: Vec::new(),
+        next_region: 0,
+        scratch: ((scratch as usize).next_multiple_of(2 * MIB), scratch_len - 2 * MIB),
+        scratch_used: 0,
+        next_seed: seed << 20,
+        folio,
+        ops: Counts::default(),
+        trace: std::env::var("USWAP_MODEL_TRACE").is_ok(),
+        rt,
+    };
+    std::thread::scope(|s| {
+        let words = Words::of(&worker_region);
+        let (stop, worker_ops) = (&stop, &worker_ops);
+        let w = s.spawn(move || workers(words, stop, seed, worker_ops));
+        for _ in 0..ops {
+            case.step();
+        }
+        stop.store(true, Ordering::Relaxed);
+        w.join().expect("workers");
+    });
+    // Everything, once more.
+    let all: Vec<(usize, Page)> = case.pages.iter().map(|(&a, &p)| (a, p)).collect();
+    for (addr, page) in &all {
+        assert!(holds(*addr, page), "final check: page {addr:#x} does not hold {page:?}");
+    }
+    let stats = case.rt.stats();
+    eprintln!(
+        "folio {folio} file {swap_file} seed {seed}: {ops} operations {:?}, worker words {}, page round trips {} in / {} out, {:?}",
+        case.ops,
+        worker_ops.load(Ordering::Relaxed),
+        stats.store.zswpin + stats.store.pswpin + stats.store.swpin_zero,
+        stats.store.zswpout + stats.store.pswpout + stats.store.swpout_zero,
+        (stats.evicted_folios, stats.pgmajfault, stats.forks, stats.partial_folio_events, stats.split_installs)
+    );
+    assert!(stats.evicted_folios > 0 && stats.pgmajfault > 0, "no pressure: {stats:?}");
+    assert_eq!(stats.store.decompress_fail, 0);
+    assert_eq!(stats.sigbus, 0);
+    drop(worker_region);
+    case.regions.clear();
+    // SAFETY: the scratch reservation and whatever moved into it.
+    unsafe { libc::munmap(scratch, scratch_len) };
+    let rt = &case.rt;
+    assert!(common::eventually(|| rt.stats().children == 0), "forked children released");
+    rt.store().drain_slot_caches();
+    assert_eq!(rt.store().slots_in_use(), 0, "every slot is back");
+    assert_eq!(rt.store().stats().stored_pages, 0, "every pool object is freed");
+    assert_eq!(rt.store().compact(), 0);
+    assert_eq!(rt.store().pool().total_size(), 0, "every pool page is back");
+}
+
+fn cases(folio: usize) {
+    let ops = env("USWAP_MODEL_OPS", 1500);
+    let seeds = env("USWAP_MODEL_SEEDS", 1);
+    let first = env("USWAP_MODEL_SEED", 1);
+    for seed in first..first + seeds {
+        for swap_file in [false, true] {
+            within(Duration::from_secs(600), move || run_case(folio, swap_file, seed * 7919 + folio as u64, ops));
+        }
+    }
+}
+
+#[test]
+fn model_4k_folios() {
+    cases(4096);
+}
+
+/// Open defect (issue 7 stays open for it): with 64 KiB folios a forked
+/// child can read wrong bytes (seed 1, about 500 operations in); run with
+/// `cargo test --release --test mm_model -- --ignored` to reproduce.
+#[test]
+#[ignore = "open defect: a forked child can read wrong bytes with 64 KiB folios"]
+fn model_64k_folios() {
+    cases(64 << 10);
+}
+
+#[test]
+fn model_2m_folios() {
+    cases(2 * MIB);
+}
