@@ -20,7 +20,7 @@
 use super::Shared;
 use std::sync::atomic::Ordering;
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex, Once, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Once, RwLockWriteGuard, Weak};
 
 /// Every live runtime of the process.
 static RUNTIMES: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
@@ -29,10 +29,14 @@ static RUNTIMES: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// guard comes first so that it is dropped before the runtime it borrows.
 type Held = (RwLockWriteGuard<'static, ()>, Arc<Shared>);
 
+/// One fork through these handlers at a time: two threads forking at once
+/// would otherwise take the runtimes' gates in each other's way.
+static ONE_FORK: Mutex<()> = Mutex::new(());
+
 thread_local! {
     /// Per forking thread: the handlers of one fork run on the thread that
     /// calls it, and a lock guard must be released where it was taken.
-    static PREPARED: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
+    static PREPARED: RefCell<Option<(MutexGuard<'static, ()>, Vec<Held>)>> = const { RefCell::new(None) };
 }
 
 static HANDLERS: Once = Once::new();
@@ -51,10 +55,11 @@ pub(crate) fn register(shared: &Arc<Shared>) {
 }
 
 extern "C" fn prepare() {
+    let one = ONE_FORK.lock().expect("fork lock");
     let runtimes: Vec<Arc<Shared>> = RUNTIMES.lock().expect("runtimes lock").iter().filter_map(Weak::upgrade).collect();
     let mut prepared = Vec::with_capacity(runtimes.len());
     for shared in runtimes {
-        if shared.shutdown.load(Ordering::Acquire) {
+        if shared.shutdown.load(Ordering::Acquire) || shared.forked_copy.load(Ordering::Acquire) {
             continue;
         }
         let guard = shared.gate.write().expect("event gate");
@@ -64,22 +69,26 @@ extern "C" fn prepare() {
         shared.fork_pending.store(true, Ordering::Release);
         prepared.push((guard, shared));
     }
-    PREPARED.with(|p| *p.borrow_mut() = prepared);
+    PREPARED.with(|p| *p.borrow_mut() = Some((one, prepared)));
 }
 
 extern "C" fn parent() {
-    for (guard, shared) in PREPARED.with(|p| std::mem::take(&mut *p.borrow_mut())) {
+    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else { return };
+    for (guard, shared) in prepared {
         shared.fork_pending.store(false, Ordering::Release);
         drop(guard);
     }
+    drop(one);
 }
 
 extern "C" fn child() {
-    // The locks here are copies that nobody in the child will take again;
-    // the runtimes only need to know they are copies.
-    let prepared = PREPARED.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    for (_, shared) in &prepared {
+    // The child's copies of the runtimes only need to know they are copies;
+    // their locks are released (by this same thread) so that the child may
+    // fork in turn.
+    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else { return };
+    for (guard, shared) in prepared {
         shared.forked_copy.store(true, Ordering::Release);
+        drop(guard);
     }
-    std::mem::forget(prepared);
+    drop(one);
 }
