@@ -126,11 +126,7 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
         match folio::state(w) {
             // What is left of a partly unmapped resident folio stays where
             // it is, no longer tracked.
-            RESIDENT => {
-                f.set(GONE);
-                space.take_extras(&region, i);
-                uncount_resident(shared, space, &region);
-            }
+            RESIDENT => untrack_resident(shared, space, &region, i),
             SWAPPED => {
                 space.update_extras(&region, i, |x| x.unmapped.insert_range(lo, hi));
                 if space.extras_of(&region, i, f.load()).unmapped.covers(pages) {
@@ -151,6 +147,14 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
 /// an unrelated mapping.
 fn record_unmapped(region: &RegionInner, offset: usize, len: usize) {
     region.unmapped.lock().expect("unmapped lock").push((offset, offset + len));
+}
+
+/// A resident folio leaves the bookkeeping: its pages stay where they are,
+/// unmanaged.
+fn untrack_resident(shared: &Shared, space: &Space, region: &RegionInner, i: usize) {
+    region.folios[i].set(GONE);
+    space.take_extras(region, i);
+    uncount_resident(shared, space, region);
 }
 
 fn uncount_resident(shared: &Shared, space: &Space, region: &RegionInner) {
@@ -184,11 +188,7 @@ pub(crate) fn on_remap(shared: &Shared, space: &Arc<Space>, from: usize, to: usi
         let w = f.load();
         match folio::state(w) {
             // The pages moved with their page tables; the rest stay.
-            RESIDENT => {
-                f.set(GONE);
-                space.take_extras(&region, i);
-                uncount_resident(shared, space, &region);
-            }
+            RESIDENT => untrack_resident(shared, space, &region, i),
             UNTOUCHED | POISONED => f.set(GONE),
             SWAPPED => {
                 space.update_extras(&region, i, |x| x.moved.push((lo, hi, dest)));
