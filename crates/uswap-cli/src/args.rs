@@ -7,7 +7,9 @@ use uswap::size::parse_size;
 
 /// A codec name as the kernel spells it, optionally `NAME:LEVEL`.
 pub fn codec_name(s: &str) -> Result<String, String> {
-    codec::by_name(s).map(|_| s.to_string()).map_err(|e| e.to_string())
+    codec::by_name(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// A byte size such as `4k`, `64K`, `2M`.
@@ -21,7 +23,9 @@ pub fn folio_size(s: &str) -> Result<usize, String> {
     if bytes.is_power_of_two() && (4096..=2 << 20).contains(&bytes) {
         Ok(bytes as usize)
     } else {
-        Err(format!("bad folio size {s:?}: expected a power of two from 4k to 2M"))
+        Err(format!(
+            "bad folio size {s:?}: expected a power of two from 4k to 2M"
+        ))
     }
 }
 

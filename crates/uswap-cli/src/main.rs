@@ -13,7 +13,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "uswap", version, about = "A compressed memory tier in user space")]
+#[command(
+    name = "uswap",
+    version,
+    about = "A compressed memory tier in user space"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

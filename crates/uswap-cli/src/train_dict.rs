@@ -35,7 +35,8 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    let dict = train_dictionary(&samples, args.size as usize).map_err(|e| format!("training failed: {e}"))?;
+    let dict = train_dictionary(&samples, args.size as usize)
+        .map_err(|e| format!("training failed: {e}"))?;
     std::fs::write(&args.out, &dict).map_err(|e| format!("{}: {e}", args.out.display()))?;
     println!(
         "trained a {} byte dictionary from {} pages of {} workloads into {}",

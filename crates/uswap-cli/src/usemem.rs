@@ -154,8 +154,12 @@ fn add_stats(total: &mut BTreeMap<String, u64>, more: &BTreeMap<String, u64>) {
 }
 
 /// Runs every task as a thread of this process, sharing one runtime.
-fn run_threads(args: &Args, fill: &Fill) -> Result<(Vec<TaskResult>, BTreeMap<String, u64>), String> {
-    let rt = Runtime::new(args.runtime.config(1)).map_err(|e| format!("starting the runtime: {e}"))?;
+fn run_threads(
+    args: &Args,
+    fill: &Fill,
+) -> Result<(Vec<TaskResult>, BTreeMap<String, u64>), String> {
+    let rt =
+        Runtime::new(args.runtime.config(1)).map_err(|e| format!("starting the runtime: {e}"))?;
     let mut regions: Vec<Region> = (0..args.tasks)
         .map(|_| rt.map(args.size as usize))
         .collect::<Result<_, _>>()
@@ -167,7 +171,10 @@ fn run_threads(args: &Args, fill: &Fill) -> Result<(Vec<TaskResult>, BTreeMap<St
             .enumerate()
             .map(|(t, r)| s.spawn(move || run_task(r, fill, t, args.sleep, verify)))
             .collect();
-        handles.into_iter().map(|h| h.join().expect("usemem task")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("usemem task"))
+            .collect()
     });
     let stats = stats_map(&rt.stats());
     drop(regions);
@@ -193,7 +200,9 @@ fn run_processes(args: &Args) -> Result<(Vec<TaskResult>, BTreeMap<String, u64>)
     let mut results = Vec::new();
     let mut stats = BTreeMap::new();
     for child in children {
-        let out = child.wait_with_output().map_err(|e| format!("waiting for a task: {e}"))?;
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("waiting for a task: {e}"))?;
         let text = String::from_utf8_lossy(&out.stdout);
         let (r, s): (TaskResult, BTreeMap<String, u64>) = serde_json::from_str(text.trim())
             .map_err(|_| format!("a task process failed ({}): {text}", out.status))?;
@@ -205,12 +214,18 @@ fn run_processes(args: &Args) -> Result<(Vec<TaskResult>, BTreeMap<String, u64>)
 
 /// The body of one task process.
 fn run_child(args: &Args, fill: &Fill, task: usize) -> Result<(), String> {
-    let rt = Runtime::new(args.runtime.config(args.tasks as usize)).map_err(|e| format!("starting the runtime: {e}"))?;
-    let mut region = rt.map(args.size as usize).map_err(|e| format!("mapping memory: {e}"))?;
+    let rt = Runtime::new(args.runtime.config(args.tasks as usize))
+        .map_err(|e| format!("starting the runtime: {e}"))?;
+    let mut region = rt
+        .map(args.size as usize)
+        .map_err(|e| format!("mapping memory: {e}"))?;
     let r = run_task(&mut region, fill, task, args.sleep, !args.no_verify);
     let stats = stats_map(&rt.stats());
     drop(region);
-    println!("{}", serde_json::to_string(&(r, stats)).map_err(|e| e.to_string())?);
+    println!(
+        "{}",
+        serde_json::to_string(&(r, stats)).map_err(|e| e.to_string())?
+    );
     Ok(())
 }
 
@@ -250,31 +265,59 @@ pub fn run(args: &Args) -> Result<(), String> {
             r.bytes * 1_000_000 / r.write_usecs / 1024
         );
     }
-    let kbps: Vec<f64> = results.iter().map(|r| r.bytes as f64 * 1e6 / r.write_usecs as f64 / 1024.0).collect();
+    let kbps: Vec<f64> = results
+        .iter()
+        .map(|r| r.bytes as f64 * 1e6 / r.write_usecs as f64 / 1024.0)
+        .collect();
     let total: f64 = kbps.iter().sum();
     let average = total / kbps.len() as f64;
     let verify_ok = results.iter().all(|r| r.verify_ok);
     println!();
-    println!("  {:<28} {:>16}", "", format!("{} x {}", results.len(), format_size(args.size)));
+    println!(
+        "  {:<28} {:>16}",
+        "",
+        format!("{} x {}", results.len(), format_size(args.size))
+    );
     let line = |name: &str, value: String| println!("  {name:<28} {value:>16}");
     line("Total throughput (KB/s)", format!("{total:.0}"));
     line("Average throughput (KB/s)", format!("{average:.0}"));
     line("elapsed time (sec)", format!("{elapsed:.2}"));
     line("sys time (sec)", format!("{sys:.2}"));
     line("user time (sec)", format!("{user:.2}"));
-    for name in ["zswpout", "zswpin", "pswpout", "pswpin", "swpout_zero", "written_back_pages", "pool_limit_hit", "pgmajfault"] {
+    for name in [
+        "zswpout",
+        "zswpin",
+        "pswpout",
+        "pswpin",
+        "swpout_zero",
+        "written_back_pages",
+        "pool_limit_hit",
+        "pgmajfault",
+    ] {
         line(name, stats.get(name).copied().unwrap_or(0).to_string());
     }
     for order in 0..SIZE_ORDERS {
         let label = size_label(order);
         let out = stats.get(&format!("zswpout_{label}")).copied().unwrap_or(0);
-        let fallback = stats.get(&format!("swpout_fallback_{label}")).copied().unwrap_or(0);
+        let fallback = stats
+            .get(&format!("swpout_fallback_{label}"))
+            .copied()
+            .unwrap_or(0);
         if out > 0 || fallback > 0 || label == format!("{}kB", args.runtime.folio_size / 1024) {
             line(&format!("ZSWPOUT-{label}"), out.to_string());
             line(&format!("swpout_fallback-{label}"), fallback.to_string());
         }
     }
-    line("verify", if args.no_verify { "skipped".into() } else if verify_ok { "ok".into() } else { "FAILED".into() });
+    line(
+        "verify",
+        if args.no_verify {
+            "skipped".into()
+        } else if verify_ok {
+            "ok".into()
+        } else {
+            "FAILED".into()
+        },
+    );
 
     if let Some(path) = &args.json {
         write_json(
@@ -301,7 +344,9 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     if !verify_ok {
         let bad: u64 = results.iter().map(|r| r.mismatches).sum();
-        return Err(format!("verification failed: {bad} pages differ from what was written"));
+        return Err(format!(
+            "verification failed: {bad} pages differ from what was written"
+        ));
     }
     Ok(())
 }

@@ -56,7 +56,9 @@ impl Workload {
             let whole = first.vaddr.is_multiple_of(folio_size as u64)
                 && (1..pages).all(|k| {
                     let r = self.records[i + k];
-                    r.vaddr == first.vaddr + (k * PAGE_SIZE) as u64 && r.pid == first.pid && r.mapping == first.mapping
+                    r.vaddr == first.vaddr + (k * PAGE_SIZE) as u64
+                        && r.pid == first.pid
+                        && r.mapping == first.mapping
                 });
             if whole {
                 starts.push(i);
@@ -88,7 +90,10 @@ pub fn load_workload(dir: &Path, name: &str) -> io::Result<Workload> {
     let pages = std::fs::read(&pages_path)?;
     let idx = std::fs::read(&idx_path)?;
     if pages.len() % PAGE_SIZE != 0 {
-        return Err(invalid(format!("{}: size is not a multiple of 4096", pages_path.display())));
+        return Err(invalid(format!(
+            "{}: size is not a multiple of 4096",
+            pages_path.display()
+        )));
     }
     if idx.len() != pages.len() / PAGE_SIZE * RECORD_SIZE {
         return Err(invalid(format!(

@@ -73,7 +73,15 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "k", "12x", "-4k", "1.5G", "99999999999999999999", "16777216T"] {
+        for bad in [
+            "",
+            "k",
+            "12x",
+            "-4k",
+            "1.5G",
+            "99999999999999999999",
+            "16777216T",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -12,7 +12,11 @@ fn corpus_pages(count: usize) -> Vec<Vec<u8>> {
     let workloads = corpus::load_dir(&corpus::default_dir()).unwrap();
     workloads
         .iter()
-        .flat_map(|w| (0..w.page_count()).map(|i| w.page(i).to_vec()).collect::<Vec<_>>())
+        .flat_map(|w| {
+            (0..w.page_count())
+                .map(|i| w.page(i).to_vec())
+                .collect::<Vec<_>>()
+        })
         .step_by(3)
         .take(count)
         .collect()
@@ -24,9 +28,16 @@ fn compress_all(device: &Device, codec: &dyn Codec, pages: &[Vec<u8>]) -> Vec<Op
     let mut out = Vec::new();
     for chunk in pages.chunks(device.batch_size()) {
         let mut bufs: Vec<Vec<u8>> = chunk.iter().map(|p| vec![0u8; p.len()]).collect();
-        let mut jobs: Vec<Job<'_>> = chunk.iter().zip(bufs.iter_mut()).map(|(p, b)| Job::new(p, b)).collect();
+        let mut jobs: Vec<Job<'_>> = chunk
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(p, b)| Job::new(p, b))
+            .collect();
         device.compress_batch(codec, &mut jobs);
-        let results: Vec<_> = jobs.iter().map(|j| j.result.expect("every job ran")).collect();
+        let results: Vec<_> = jobs
+            .iter()
+            .map(|j| j.result.expect("every job ran"))
+            .collect();
         for (result, buf) in results.into_iter().zip(bufs) {
             out.push(match result {
                 Ok(n) => Some(buf[..n].to_vec()),
@@ -74,7 +85,8 @@ fn batches_equal_direct_calls_in_every_configuration() {
                         let total = device.stats().total();
                         assert_eq!(total.compress_jobs, pages.len() as u64);
                         if engines > 0 && !caller_assist {
-                            let by_engines: u64 = device.stats().engines.iter().map(|e| e.compress_jobs).sum();
+                            let by_engines: u64 =
+                                device.stats().engines.iter().map(|e| e.compress_jobs).sum();
                             assert!(by_engines > 0, "engines did no work");
                         }
                     }
@@ -96,7 +108,11 @@ fn decompress_batch_restores_pages() {
         .filter_map(|(p, c)| c.as_ref().map(|c| (p, c)))
         .collect();
     let mut outs: Vec<Vec<u8>> = stored.iter().map(|(p, _)| vec![0u8; p.len()]).collect();
-    let mut jobs: Vec<Job<'_>> = stored.iter().zip(outs.iter_mut()).map(|((_, c), o)| Job::new(c, o)).collect();
+    let mut jobs: Vec<Job<'_>> = stored
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|((_, c), o)| Job::new(c, o))
+        .collect();
     device.decompress_batch(codec.as_ref(), &mut jobs);
     assert!(jobs.iter().all(|j| j.result == Some(Ok(4096))));
     drop(jobs);
@@ -129,10 +145,19 @@ fn full_queues_fall_back_to_software_and_stalled_jobs_are_recovered() {
         let fallbacks: u64 = stats.engines.iter().map(|e| e.sw_fallbacks).sum();
         let retries: u64 = stats.engines.iter().map(|e| e.queue_full_retries).sum();
         let recovered: u64 = stats.engines.iter().map(|e| e.stall_recoveries).sum();
-        assert_eq!(fallbacks, 14, "2 jobs fit the two 1-deep queues, 14 fall back");
+        assert_eq!(
+            fallbacks, 14,
+            "2 jobs fit the two 1-deep queues, 14 fall back"
+        );
         assert_eq!(retries, 14 * 4);
-        assert_eq!(recovered, 2, "the two queued entries were taken back from the stalled engines");
-        assert_eq!(stats.engines.iter().map(|e| e.compress_jobs).sum::<u64>(), 0);
+        assert_eq!(
+            recovered, 2,
+            "the two queued entries were taken back from the stalled engines"
+        );
+        assert_eq!(
+            stats.engines.iter().map(|e| e.compress_jobs).sum::<u64>(),
+            0
+        );
         device.pause_engine(0, false);
         device.pause_engine(1, false);
         assert!(compress_all(&device, codec.as_ref(), &pages) == expected);
@@ -152,9 +177,16 @@ fn verify_catches_a_corrupted_result() {
         .unwrap();
         device.inject_corruption(1);
         let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
-        let mut jobs: Vec<Job<'_>> = pages.iter().zip(bufs.iter_mut()).map(|(p, b)| Job::new(p, b)).collect();
+        let mut jobs: Vec<Job<'_>> = pages
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(p, b)| Job::new(p, b))
+            .collect();
         device.compress_batch(codec.as_ref(), &mut jobs);
-        let failed = jobs.iter().filter(|j| j.result == Some(Err(JobError::VerifyFailed))).count();
+        let failed = jobs
+            .iter()
+            .filter(|j| j.result == Some(Err(JobError::VerifyFailed)))
+            .count();
         assert_eq!(failed, 1, "engines={engines}");
         assert_eq!(device.stats().total().verify_failures, 1);
     }
@@ -163,7 +195,9 @@ fn verify_catches_a_corrupted_result() {
     let device = Device::new(DeviceConfig::with_engines(0)).unwrap();
     device.inject_corruption(1);
     let mut buf = vec![0u8; 4096];
-    let n = device.run_one(codec.as_ref(), Op::Compress, &pages[0], &mut buf).unwrap();
+    let n = device
+        .run_one(codec.as_ref(), Op::Compress, &pages[0], &mut buf)
+        .unwrap();
     let mut out = vec![0u8; 4096];
     let decoded = codec.decompress(&buf[..n], &mut out);
     assert!(decoded.is_err() || out != pages[0]);
@@ -232,7 +266,12 @@ fn concurrent_callers_share_a_device() {
     let device = Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap());
     let threads: Vec<_> = (0..4)
         .map(|_| {
-            let (device, pages, expected, codec) = (device.clone(), pages.clone(), expected.clone(), codec.clone());
+            let (device, pages, expected, codec) = (
+                device.clone(),
+                pages.clone(),
+                expected.clone(),
+                codec.clone(),
+            );
             std::thread::spawn(move || {
                 for _ in 0..5 {
                     assert!(compress_all(&device, codec.as_ref(), &pages) == *expected);

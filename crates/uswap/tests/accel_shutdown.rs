@@ -35,7 +35,9 @@ static ENGINE_COUNT: Mutex<()> = Mutex::new(());
 /// within [`DEADLINE`], so a drop that hangs fails the test instead of
 /// hanging it.
 fn within_deadline(scenario: impl FnOnce() + Send + 'static) {
-    let _turn = ENGINE_COUNT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = ENGINE_COUNT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let (finished, finished_rx) = mpsc::channel();
     let runner = thread::spawn(move || {
         scenario();
@@ -44,8 +46,12 @@ fn within_deadline(scenario: impl FnOnce() + Send + 'static) {
     match finished_rx.recv_timeout(DEADLINE) {
         Ok(()) => runner.join().expect("the scenario finished"),
         // The scenario panicked: report its panic.
-        Err(RecvTimeoutError::Disconnected) => std::panic::resume_unwind(runner.join().unwrap_err()),
-        Err(RecvTimeoutError::Timeout) => panic!("not finished after {DEADLINE:?}: a drop or a wait hangs"),
+        Err(RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(runner.join().unwrap_err())
+        }
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("not finished after {DEADLINE:?}: a drop or a wait hangs")
+        }
     }
 }
 
@@ -59,7 +65,9 @@ fn page(holder: usize, job: usize) -> Vec<u8> {
 fn assert_compressed(codec: &dyn Codec, page: &[u8], result: Result<usize, JobError>, out: &[u8]) {
     let n = result.expect("a compressible page compresses");
     let mut back = vec![0u8; PAGE];
-    codec.decompress(&out[..n], &mut back).expect("the output decompresses");
+    codec
+        .decompress(&out[..n], &mut back)
+        .expect("the output decompresses");
     assert!(back == page, "the output decompresses to a different page");
 }
 
@@ -94,7 +102,8 @@ fn let_go_with_jobs_queued(codec_spec: &'static str, paused: &'static [usize]) {
                 let (device, codec) = (device.clone(), codec.clone());
                 let (not_done_tx, handle_dropped) = (not_done_tx.clone(), handle_dropped.clone());
                 thread::spawn(move || {
-                    let pages: Vec<Vec<u8>> = (0..COMPRESS_JOBS).map(|job| page(holder, job)).collect();
+                    let pages: Vec<Vec<u8>> =
+                        (0..COMPRESS_JOBS).map(|job| page(holder, job)).collect();
                     let not_compressed = vec![0xffu8; 100];
                     let mut outs = vec![vec![0u8; PAGE]; COMPRESS_JOBS + CORRUPT_JOBS];
                     let (compressed, corrupt) = device.scope(|s| {
@@ -105,7 +114,12 @@ fn let_go_with_jobs_queued(codec_spec: &'static str, paused: &'static [usize]) {
                             tickets.push(s.submit(codec.as_ref(), Op::Compress, page, out));
                         }
                         for out in outs {
-                            tickets.push(s.submit(codec.as_ref(), Op::Decompress, &not_compressed, out));
+                            tickets.push(s.submit(
+                                codec.as_ref(),
+                                Op::Decompress,
+                                &not_compressed,
+                                out,
+                            ));
                         }
                         let not_done = tickets.iter().filter(|t| s.poll(t).is_none()).count();
                         not_done_tx.send(not_done).unwrap();
@@ -146,7 +160,11 @@ fn let_go_with_jobs_queued(codec_spec: &'static str, paused: &'static [usize]) {
                 std::panic::resume_unwind(panic);
             }
         }
-        assert_eq!(live_engine_threads(), 0, "the last holder's drop stopped every engine");
+        assert_eq!(
+            live_engine_threads(),
+            0,
+            "the last holder's drop stopped every engine"
+        );
     });
 }
 
@@ -199,12 +217,26 @@ fn a_holder_unwinding_with_jobs_queued_finishes_them() {
             })
         };
         let panic = holder.join().expect_err("the holder panicked");
-        assert_eq!(panic.downcast_ref::<&str>(), Some(&"holder gives up with its jobs queued"));
+        assert_eq!(
+            panic.downcast_ref::<&str>(),
+            Some(&"holder gives up with its jobs queued")
+        );
         let stats = device.stats();
-        assert_eq!(stats.total().compress_jobs, COMPRESS_JOBS as u64, "unwinding waited for every job");
-        assert_eq!(stats.engines[0].stall_recoveries, COMPRESS_JOBS as u64, "taken back from the paused engine");
+        assert_eq!(
+            stats.total().compress_jobs,
+            COMPRESS_JOBS as u64,
+            "unwinding waited for every job"
+        );
+        assert_eq!(
+            stats.engines[0].stall_recoveries, COMPRESS_JOBS as u64,
+            "taken back from the paused engine"
+        );
         assert_eq!(live_engine_threads(), 1);
         drop(device);
-        assert_eq!(live_engine_threads(), 0, "the drop stopped the paused engine");
+        assert_eq!(
+            live_engine_threads(),
+            0,
+            "the drop stopped the paused engine"
+        );
     });
 }

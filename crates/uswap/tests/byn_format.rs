@@ -9,7 +9,10 @@ use uswap::corpus;
 #[test]
 fn every_n_and_codec_roundtrips_corpus_folios() {
     let workloads = corpus::load_dir(&corpus::default_dir()).unwrap();
-    let folios: Vec<&[u8]> = workloads.iter().flat_map(|w| w.folios(64 << 10).into_iter().take(3)).collect();
+    let folios: Vec<&[u8]> = workloads
+        .iter()
+        .flat_map(|w| w.folios(64 << 10).into_iter().take(3))
+        .collect();
     for engines in [0, 2] {
         let device = Device::new(DeviceConfig::with_engines(engines)).unwrap();
         for name in CODEC_NAMES {
@@ -17,18 +20,23 @@ fn every_n_and_codec_roundtrips_corpus_folios() {
             for n in [1usize, 2, 4, 8, 16, 32, 64] {
                 for folio in &folios {
                     let mut dst = vec![0u8; folio.len()];
-                    let len = match accel::byn::compress(&device, codec.as_ref(), n, folio, &mut dst) {
-                        Ok(len) => len,
-                        // A poorly compressible folio cut small may not pay
-                        // for its header.
-                        Err(CodecError::DoesNotFit) => {
-                            let mut whole = vec![0u8; folio.len()];
-                            let direct = codec.compress(folio, &mut whole).unwrap_or(folio.len());
-                            assert!(direct * 10 > folio.len() * 9, "{name} n={n} declined a compressible folio");
-                            continue;
-                        }
-                        Err(e) => panic!("{name} n={n}: {e}"),
-                    };
+                    let len =
+                        match accel::byn::compress(&device, codec.as_ref(), n, folio, &mut dst) {
+                            Ok(len) => len,
+                            // A poorly compressible folio cut small may not pay
+                            // for its header.
+                            Err(CodecError::DoesNotFit) => {
+                                let mut whole = vec![0u8; folio.len()];
+                                let direct =
+                                    codec.compress(folio, &mut whole).unwrap_or(folio.len());
+                                assert!(
+                                    direct * 10 > folio.len() * 9,
+                                    "{name} n={n} declined a compressible folio"
+                                );
+                                continue;
+                            }
+                            Err(e) => panic!("{name} n={n}: {e}"),
+                        };
                     assert!(len < folio.len());
                     let header = byn::parse_header(&dst[..len], folio.len()).unwrap();
                     assert_eq!(header.segments, n);

@@ -16,11 +16,18 @@ fn roundtrip(codec: &dyn Codec, data: &[u8]) -> Option<usize> {
     let mut compressed = vec![0u8; data.len() + 64];
     match codec.compress(data, &mut compressed) {
         Ok(n) => {
-            assert!(n < data.len(), "{} returned {n} bytes for {} input bytes", codec.name(), data.len());
+            assert!(
+                n < data.len(),
+                "{} returned {n} bytes for {} input bytes",
+                codec.name(),
+                data.len()
+            );
             let mut out = vec![0xEEu8; data.len()];
             codec
                 .decompress(&compressed[..n], &mut out)
-                .unwrap_or_else(|e| panic!("{} failed to decode its own output: {e}", codec.name()));
+                .unwrap_or_else(|e| {
+                    panic!("{} failed to decode its own output: {e}", codec.name())
+                });
             assert!(out == data, "{} round trip changed the data", codec.name());
             Some(n)
         }
@@ -30,7 +37,9 @@ fn roundtrip(codec: &dyn Codec, data: &[u8]) -> Option<usize> {
 }
 
 fn pattern_words(len: usize) -> Vec<u8> {
-    (0..len / 8).flat_map(|i| (i as u64).to_le_bytes()).collect()
+    (0..len / 8)
+        .flat_map(|i| (i as u64).to_le_bytes())
+        .collect()
 }
 
 fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
@@ -49,7 +58,12 @@ fn every_codec_roundtrips_the_corpus_pages_and_folios() {
                 stored += roundtrip(codec.as_ref(), w.page(i)).unwrap_or(corpus::PAGE_SIZE);
             }
             let ratio = w.pages.len() as f64 / stored as f64;
-            assert!(ratio > 1.5, "{} on {}: ratio {ratio:.2} is implausibly low", codec.name(), w.name);
+            assert!(
+                ratio > 1.5,
+                "{} on {}: ratio {ratio:.2} is implausibly low",
+                codec.name(),
+                w.name
+            );
             for folio in w.folios(64 << 10) {
                 roundtrip(codec.as_ref(), folio);
             }
@@ -65,10 +79,34 @@ fn edge_inputs_roundtrip() {
         ("p[i] = i".into(), pattern_words(4096)),
         ("p[i] = i, 64K".into(), pattern_words(65536)),
         ("zero 2M".into(), vec![0u8; 2 << 20]),
-        ("zero then data".into(), [vec![0u8; 3000], random_bytes(1096, 9)].concat()),
-        ("data then zero".into(), [random_bytes(1096, 10), vec![0u8; 3000]].concat()),
+        (
+            "zero then data".into(),
+            [vec![0u8; 3000], random_bytes(1096, 9)].concat(),
+        ),
+        (
+            "data then zero".into(),
+            [random_bytes(1096, 10), vec![0u8; 3000]].concat(),
+        ),
     ];
-    for len in [1usize, 2, 3, 4, 5, 7, 13, 17, 100, 255, 256, 1000, 4095, 4097, 12_345, 65_537, (1 << 20) + 3] {
+    for len in [
+        1usize,
+        2,
+        3,
+        4,
+        5,
+        7,
+        13,
+        17,
+        100,
+        255,
+        256,
+        1000,
+        4095,
+        4097,
+        12_345,
+        65_537,
+        (1 << 20) + 3,
+    ] {
         let mut text = b"uswap keeps pages compressed; ".repeat(len / 30 + 1);
         text.truncate(len);
         inputs.push((format!("text of {len} bytes"), text));
@@ -78,7 +116,11 @@ fn edge_inputs_roundtrip() {
             let n = roundtrip(codec.as_ref(), data);
             if data.len() >= 4096 && same_filled(data).is_some() {
                 let n = n.unwrap_or_else(|| panic!("{} did not compress {what}", codec.name()));
-                assert!(n < data.len() / 20, "{} compressed {what} to {n} bytes", codec.name());
+                assert!(
+                    n < data.len() / 20,
+                    "{} compressed {what} to {n} bytes",
+                    codec.name()
+                );
             }
         }
     }
@@ -105,10 +147,20 @@ fn output_capacity_is_honoured() {
         let mut roomy = vec![0u8; 4096];
         let n = codec.compress(&data, &mut roomy).unwrap();
         let mut tight = vec![0u8; n - 1];
-        assert_eq!(codec.compress(&data, &mut tight), Err(CodecError::DoesNotFit), "{}", codec.name());
+        assert_eq!(
+            codec.compress(&data, &mut tight),
+            Err(CodecError::DoesNotFit),
+            "{}",
+            codec.name()
+        );
         // Some libraries (zstd) want a little slack beyond the final size.
         let mut enough = vec![0u8; n + 32];
-        assert_eq!(codec.compress(&data, &mut enough), Ok(n), "{}", codec.name());
+        assert_eq!(
+            codec.compress(&data, &mut enough),
+            Ok(n),
+            "{}",
+            codec.name()
+        );
     }
 }
 
@@ -145,7 +197,10 @@ fn codecs_are_selected_by_kernel_name_with_levels() {
 #[test]
 fn codecs_work_from_many_threads_at_once() {
     let workloads = corpus::load_dir(&corpus::default_dir()).unwrap();
-    let pages: Vec<Vec<u8>> = workloads.iter().flat_map(|w| (0..64).map(|i| w.page(i).to_vec())).collect();
+    let pages: Vec<Vec<u8>> = workloads
+        .iter()
+        .flat_map(|w| (0..64).map(|i| w.page(i).to_vec()))
+        .collect();
     for codec in codecs() {
         std::thread::scope(|s| {
             for t in 0..4 {

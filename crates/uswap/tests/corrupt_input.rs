@@ -9,7 +9,10 @@ use uswap::corpus;
 
 fn sample_pages() -> Vec<Vec<u8>> {
     let workloads = corpus::load_dir(&corpus::default_dir()).unwrap();
-    workloads.iter().flat_map(|w| [w.page(5).to_vec(), w.page(500).to_vec()]).collect()
+    workloads
+        .iter()
+        .flat_map(|w| [w.page(5).to_vec(), w.page(500).to_vec()])
+        .collect()
 }
 
 #[test]
@@ -18,7 +21,9 @@ fn truncated_streams_are_errors_for_every_codec() {
         let codec = by_name(name).unwrap();
         for page in sample_pages() {
             let mut buf = vec![0u8; 4096];
-            let Ok(n) = codec.compress(&page, &mut buf) else { continue };
+            let Ok(n) = codec.compress(&page, &mut buf) else {
+                continue;
+            };
             for cut in 0..n {
                 let mut out = vec![0u8; 4096];
                 assert_eq!(
@@ -38,7 +43,9 @@ fn flipped_bits_never_panic_or_change_the_length() {
         let codec = by_name(name).unwrap();
         for page in sample_pages() {
             let mut buf = vec![0u8; 4096];
-            let Ok(n) = codec.compress(&page, &mut buf) else { continue };
+            let Ok(n) = codec.compress(&page, &mut buf) else {
+                continue;
+            };
             for _ in 0..300 {
                 let mut bad = buf[..n].to_vec();
                 for _ in 0..rng.gen_range(1..4) {
@@ -104,7 +111,10 @@ fn byn_header_corruption_is_detected() {
                 let mut bad = good.clone();
                 bad[byte] ^= 1 << bit;
                 let r = accel::byn::decompress(&device, codec.as_ref(), &bad, &mut out);
-                assert!(r.is_err(), "n={n}: flipping bit {bit} of header byte {byte} went unnoticed");
+                assert!(
+                    r.is_err(),
+                    "n={n}: flipping bit {bit} of header byte {byte} went unnoticed"
+                );
             }
         }
         // Lying lengths: the frame asked to fill a buffer of another size.

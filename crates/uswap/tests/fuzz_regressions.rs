@@ -4,8 +4,8 @@
 //! `--release`, and every `cargo fuzz` build): in a release build the
 //! arithmetic wraps and the bug may not show.
 
-use uswap::codec::lzo::{compress, decompress, LzoTable, Version};
 use uswap::codec::by_name;
+use uswap::codec::lzo::{compress, decompress, LzoTable, Version};
 
 fn lzo_round_trip(data: &[u8], version: Version) {
     let mut stream = vec![0u8; data.len() + data.len() / 16 + 64];

@@ -10,7 +10,8 @@ use uswap::corpus;
 
 fn ours(data: &[u8], version: Version) -> Vec<u8> {
     let mut out = vec![0u8; data.len() + data.len() / 16 + 64];
-    let n = compress(data, &mut out, version, &mut LzoTable::new()).expect("room for the worst case");
+    let n =
+        compress(data, &mut out, version, &mut LzoTable::new()).expect("room for the worst case");
     out.truncate(n);
     out
 }
@@ -76,7 +77,21 @@ fn lzo_rle_streams_carry_the_version_header_and_decode() {
 fn hand_assembled_rle_stream_decodes() {
     // Version header, a 1-byte literal run, a run of 4 + (1 << 3 | 3) = 15
     // zeros followed by 2 literals (S = 2), then the end marker.
-    let stream = [17, 1, 18, b'x', 0x18 | 3, 0xfc | 2, 0xff, 1, b'y', b'z', 17, 0, 0];
+    let stream = [
+        17,
+        1,
+        18,
+        b'x',
+        0x18 | 3,
+        0xfc | 2,
+        0xff,
+        1,
+        b'y',
+        b'z',
+        17,
+        0,
+        0,
+    ];
     let mut out = vec![0xEEu8; 18];
     decompress(&stream, &mut out).unwrap();
     let mut expected = vec![b'x'];
@@ -120,7 +135,9 @@ fn rle_and_far_matches_do_not_collide() {
     // 261..264, mixed with zero runs.
     let mut rng_state = 7u64;
     let mut next = || {
-        rng_state = rng_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        rng_state = rng_state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (rng_state >> 33) as u8
     };
     let block: Vec<u8> = (0..300).map(|_| next()).collect();

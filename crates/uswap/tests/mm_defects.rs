@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{eventually, evict_to_limit, fill_and_evict, in_child_process, is_child_process, runtime, within, Words, MIB};
+use common::{
+    eventually, evict_to_limit, fill_and_evict, in_child_process, is_child_process, runtime,
+    within, Words, MIB,
+};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,12 +64,21 @@ fn mprotect_splitting_a_swapped_folio_keeps_every_page() {
     let folio = swapped_folio(&rt, base, region.len(), 1);
     let page = folio + 7 * PAGE;
     // SAFETY: changing the protection of one page of our own region.
-    assert_eq!(unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ) }, 0);
+    assert_eq!(
+        unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ) },
+        0
+    );
     check_range(base, folio, folio + FOLIO, "the split folio");
     let stats = rt.stats();
-    assert!(stats.split_installs > 0, "the install went page by page: {stats:?}");
+    assert!(
+        stats.split_installs > 0,
+        "the install went page by page: {stats:?}"
+    );
     // SAFETY: as above, back to read-write.
-    assert_eq!(unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ | libc::PROT_WRITE) }, 0);
+    assert_eq!(
+        unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ | libc::PROT_WRITE) },
+        0
+    );
 }
 
 /// Reported: after fork, the child read zeros where the parent's memory was
@@ -105,12 +117,22 @@ fn a_forked_child_sees_its_parents_swapped_memory() {
     let mut status = 0;
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child saw wrong bytes (status {status:#x})");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child saw wrong bytes (status {status:#x})"
+    );
     for i in 0..words.count {
-        assert_eq!(words.read(i), expect(base, base + i * 8), "parent word {i} after the child wrote its copy");
+        assert_eq!(
+            words.read(i),
+            expect(base, base + i * 8),
+            "parent word {i} after the child wrote its copy"
+        );
     }
     assert!(rt.stats().forks >= 1);
-    assert!(eventually(|| rt.stats().children == 0), "the exited child was released");
+    assert!(
+        eventually(|| rt.stats().children == 0),
+        "the exited child was released"
+    );
     drop(region);
     rt.store().drain_slot_caches();
     assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
@@ -132,7 +154,9 @@ fn a_child_that_exits_untouched_releases_its_references() {
     let mut status = 0;
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(eventually(|| rt.stats().children_exited >= 1 && rt.stats().children == 0));
+    assert!(eventually(
+        || rt.stats().children_exited >= 1 && rt.stats().children == 0
+    ));
     let base = region.as_ptr() as usize;
     check_range(base, base, base + region.len(), "the parent");
     drop(region);
@@ -157,7 +181,10 @@ fn writes_into_holes_of_an_evicting_folio_are_kept() {
         for f in 0..folios {
             let hole = base + f * FOLIO + 2 * PAGE;
             // SAFETY: one page of our own region.
-            assert_eq!(unsafe { libc::madvise(hole as *mut _, PAGE, libc::MADV_DONTNEED) }, 0);
+            assert_eq!(
+                unsafe { libc::madvise(hole as *mut _, PAGE, libc::MADV_DONTNEED) },
+                0
+            );
             words.write(f * per_folio, round);
         }
         std::thread::scope(|s| {
@@ -169,8 +196,16 @@ fn writes_into_holes_of_an_evicting_folio_are_kept() {
             evict_to_limit(&rt);
         });
         for f in 0..folios {
-            assert_eq!(words.read(f * per_folio + 2 * PAGE / 8), round, "round {round}: the write into folio {f}'s hole");
-            assert_eq!(words.read(f * per_folio), round, "round {round}: folio {f}'s first word");
+            assert_eq!(
+                words.read(f * per_folio + 2 * PAGE / 8),
+                round,
+                "round {round}: the write into folio {f}'s hole"
+            );
+            assert_eq!(
+                words.read(f * per_folio),
+                round,
+                "round {round}: folio {f}'s first word"
+            );
         }
     }
 }
@@ -192,11 +227,19 @@ fn eviction_across_a_mapping_split_is_not_taken_for_the_programs_drop() {
     for k in 1..(region.len() / (3 * FOLIO)) {
         let at = base + k * 3 * FOLIO + PAGE;
         // SAFETY: changing the protection of a page of our own region.
-        assert_eq!(unsafe { libc::mprotect(at as *mut _, PAGE, libc::PROT_READ) }, 0);
+        assert_eq!(
+            unsafe { libc::mprotect(at as *mut _, PAGE, libc::PROT_READ) },
+            0
+        );
     }
     evict_to_limit(&rt);
     assert!(rt.stats().evicted_folios > 0);
-    check_range(base, base, base + region.len(), "after eviction across splits");
+    check_range(
+        base,
+        base,
+        base + region.len(),
+        "after eviction across splits",
+    );
 }
 
 /// Defect 4: a program's MADV_DONTNEED during a swap-in of the same folio:
@@ -232,9 +275,16 @@ fn madvise_racing_a_swap_in() {
             for f in (round % 3..folios).step_by(3) {
                 let at = base + f * FOLIO;
                 // SAFETY: a folio of our own region.
-                assert_eq!(unsafe { libc::madvise(at as *mut _, FOLIO, libc::MADV_DONTNEED) }, 0);
+                assert_eq!(
+                    unsafe { libc::madvise(at as *mut _, FOLIO, libc::MADV_DONTNEED) },
+                    0
+                );
                 for k in (0..per_folio).step_by(64) {
-                    assert_eq!(words.read(f * per_folio + k), 0, "round {round}: folio {f} word {k} after MADV_DONTNEED");
+                    assert_eq!(
+                        words.read(f * per_folio + k),
+                        0,
+                        "round {round}: folio {f} word {k} after MADV_DONTNEED"
+                    );
                 }
             }
             stop.store(true, Ordering::Relaxed);
@@ -255,7 +305,14 @@ fn mremap_racing_swap_ins_keeps_every_byte_and_does_not_hang() {
         // SAFETY: a second home for the region, readable (never a fault
         // the runtime must serve), to move it into and back out of.
         let spare = unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), len + FOLIO, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len + FOLIO,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
             assert_ne!(p, libc::MAP_FAILED);
             (p as usize).next_multiple_of(FOLIO)
         };
@@ -288,7 +345,11 @@ fn mremap_racing_swap_ins_keeps_every_byte_and_does_not_hang() {
                 })
                 .collect();
             for round in 0..200 {
-                let (from, to) = if round % 2 == 0 { (first, spare) } else { (spare, first) };
+                let (from, to) = if round % 2 == 0 {
+                    (first, spare)
+                } else {
+                    (spare, first)
+                };
                 // SAFETY: moving the whole region between its two homes; the
                 // old one stays mapped, empty.
                 let moved = unsafe {
@@ -300,7 +361,12 @@ fn mremap_racing_swap_ins_keeps_every_byte_and_does_not_hang() {
                         to as *mut libc::c_void,
                     )
                 };
-                assert_eq!(moved as usize, to, "mremap: {}", std::io::Error::last_os_error());
+                assert_eq!(
+                    moved as usize,
+                    to,
+                    "mremap: {}",
+                    std::io::Error::last_os_error()
+                );
                 at.store(to, Ordering::Release);
                 // The readers keep memory over the limit: the reclaimer
                 // evicts between and during the moves.
@@ -312,7 +378,11 @@ fn mremap_racing_swap_ins_keeps_every_byte_and_does_not_hang() {
             assert!(checked > 0, "the readers checked something");
         });
         let base = region.current_base();
-        assert_eq!(base, at.load(Ordering::Acquire), "the runtime followed the moves");
+        assert_eq!(
+            base,
+            at.load(Ordering::Acquire),
+            "the runtime followed the moves"
+        );
         check_range(base, base, base + len, "after the moves");
     });
 }
@@ -326,8 +396,15 @@ fn every_thread_touching_a_corrupt_folio_gets_sigbus() {
     if is_child_process() {
         return corrupt_folio_child();
     }
-    let (code, signal) = in_child_process("every_thread_touching_a_corrupt_folio_gets_sigbus", Duration::from_secs(60));
-    assert_eq!((code, signal), (Some(0), None), "every thread got SIGBUS (exit code 10 + how many did)");
+    let (code, signal) = in_child_process(
+        "every_thread_touching_a_corrupt_folio_gets_sigbus",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        (code, signal),
+        (Some(0), None),
+        "every thread got SIGBUS (exit code 10 + how many did)"
+    );
 }
 
 static SIGBUSES: AtomicUsize = AtomicUsize::new(0);
@@ -354,7 +431,12 @@ fn corrupt_folio_child() {
         })
         .expect("a swapped folio with a pool object");
     // SAFETY: installing a plain handler for SIGBUS.
-    unsafe { libc::signal(libc::SIGBUS, on_sigbus as extern "C" fn(libc::c_int) as usize) };
+    unsafe {
+        libc::signal(
+            libc::SIGBUS,
+            on_sigbus as extern "C" fn(libc::c_int) as usize,
+        )
+    };
     let start = Arc::new(std::sync::Barrier::new(TOUCHERS));
     for t in 0..TOUCHERS {
         let start = start.clone();
@@ -396,13 +478,20 @@ fn a_full_pool_without_a_swap_file_backs_off_instead_of_spinning() {
         x ^= x << 17;
         words.write(i, x);
     }
-    assert!(eventually(|| rt.stats().reclaim_backoffs > 0), "the reclaimer backed off: {:?}", rt.stats());
+    assert!(
+        eventually(|| rt.stats().reclaim_backoffs > 0),
+        "the reclaimer backed off: {:?}",
+        rt.stats()
+    );
     let before = rt.stats().reclaim_batches;
     // A measurement window, not synchronisation: how many plugs the
     // reclaimer flushes in half a second with nothing it can store.
     std::thread::sleep(Duration::from_millis(500));
     let flushed = rt.stats().reclaim_batches - before;
-    assert!(flushed <= 20, "{flushed} plugs flushed in 0.5 s with a full pool: the reclaimer spins");
+    assert!(
+        flushed <= 20,
+        "{flushed} plugs flushed in 0.5 s with a full pool: the reclaimer spins"
+    );
     // Every byte is still there.
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for i in 0..words.count {
@@ -420,19 +509,36 @@ fn a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus() {
     if is_child_process() {
         return give_back_child();
     }
-    let (code, signal) = in_child_process("a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus", Duration::from_secs(60));
-    assert_eq!(signal, Some(libc::SIGBUS), "the child ended with code {code:?}, signal {signal:?}");
+    let (code, signal) = in_child_process(
+        "a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        signal,
+        Some(libc::SIGBUS),
+        "the child ended with code {code:?}, signal {signal:?}"
+    );
 }
 
 fn give_back_child() {
     let len = 4 * MIB;
     // SAFETY: a fresh private anonymous mapping, aligned by over-mapping.
     let base = unsafe {
-        let p = libc::mmap(std::ptr::null_mut(), len + FOLIO, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len + FOLIO,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED);
         (p as usize).next_multiple_of(FOLIO)
     };
-    let words = Words { base, count: len / 8 };
+    let words = Words {
+        base,
+        count: len / 8,
+    };
     for i in 0..words.count {
         words.write(i, i as u64 | 1);
     }
@@ -451,4 +557,42 @@ fn give_back_child() {
     let v = words.read((victim - base) / 8);
     eprintln!("read {v:#x} from a corrupt folio given back");
     std::process::exit(3);
+}
+
+/// Found by the model test: a program that forked right after creating a
+/// runtime hung in fork. glibc's fork holds the malloc arena list lock until
+/// the event thread has read the fork event, and the event thread, not yet
+/// past its own first allocation, waited for that lock. (Run in a child
+/// process: a process stuck that way cannot even exit.)
+#[test]
+fn a_fork_right_after_the_runtime_starts_does_not_hang() {
+    if is_child_process() {
+        return fork_at_start_child();
+    }
+    let (code, signal) = in_child_process(
+        "a_fork_right_after_the_runtime_starts_does_not_hang",
+        Duration::from_secs(120),
+    );
+    assert_eq!((code, signal), (Some(0), None));
+}
+
+fn fork_at_start_child() {
+    for _ in 0..40 {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        // Registered memory is what makes the kernel raise the event.
+        let region = rt.map(FOLIO).unwrap();
+        // SAFETY: the child leaves at once with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(eventually(|| rt.stats().forks == 1), "the fork was served");
+        drop(region);
+    }
 }

@@ -46,7 +46,8 @@ fn word(seed: u64, k: usize) -> u64 {
     if seed == 0 {
         0
     } else {
-        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(k as u64 * 0x2545_F491)
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(k as u64 * 0x2545_F491)
     }
 }
 
@@ -128,7 +129,10 @@ impl Case {
     fn check(&mut self, start: usize, len: usize, what: &str) {
         for addr in (start..start + len).step_by(PAGE) {
             let page = self.pages[&addr];
-            assert!(holds(addr, &page), "{what}: page {addr:#x} does not hold {page:?}");
+            assert!(
+                holds(addr, &page),
+                "{what}: page {addr:#x} does not hold {page:?}"
+            );
             self.ops.checked_pages += 1;
         }
     }
@@ -148,7 +152,15 @@ impl Case {
                     let owner = self.next_region;
                     self.next_region += 1;
                     for addr in (base..base + len).step_by(PAGE) {
-                        self.pages.insert(addr, Page { seed: 0, maybe_zero: false, writable: true, owner });
+                        self.pages.insert(
+                            addr,
+                            Page {
+                                seed: 0,
+                                maybe_zero: false,
+                                writable: true,
+                                owner,
+                            },
+                        );
                     }
                     self.regions.push((owner, region));
                     self.ops.maps += 1;
@@ -161,7 +173,15 @@ impl Case {
                             let seed = self.seed();
                             fill(addr, seed);
                             let owner = self.pages[&addr].owner;
-                            self.pages.insert(addr, Page { seed, maybe_zero: false, writable: true, owner });
+                            self.pages.insert(
+                                addr,
+                                Page {
+                                    seed,
+                                    maybe_zero: false,
+                                    writable: true,
+                                    owner,
+                                },
+                            );
                         }
                     }
                     self.ops.writes += 1;
@@ -197,7 +217,11 @@ impl Case {
             68..=74 => {
                 if let Some((start, len)) = self.run(24) {
                     let writable = self.rng.gen_bool(0.4);
-                    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+                    let prot = if writable {
+                        libc::PROT_READ | libc::PROT_WRITE
+                    } else {
+                        libc::PROT_READ
+                    };
                     // SAFETY: pages of the model.
                     assert_eq!(unsafe { libc::mprotect(start as *mut _, len, prot) }, 0);
                     for addr in (start..start + len).step_by(PAGE) {
@@ -209,7 +233,11 @@ impl Case {
             75..=80 => {
                 if let Some((start, len)) = self.run(40) {
                     let free = self.rng.gen_bool(0.3);
-                    let advice = if free { libc::MADV_FREE } else { libc::MADV_DONTNEED };
+                    let advice = if free {
+                        libc::MADV_FREE
+                    } else {
+                        libc::MADV_DONTNEED
+                    };
                     // SAFETY: pages of the model.
                     assert_eq!(unsafe { libc::madvise(start as *mut _, len, advice) }, 0);
                     for addr in (start..start + len).step_by(PAGE) {
@@ -217,7 +245,11 @@ impl Case {
                         if free {
                             p.maybe_zero = true;
                         } else {
-                            *p = Page { seed: 0, maybe_zero: false, ..*p };
+                            *p = Page {
+                                seed: 0,
+                                maybe_zero: false,
+                                ..*p
+                            };
                         }
                     }
                     if free {
@@ -242,7 +274,9 @@ impl Case {
     /// aligned parts and cuts through folios alike), or shrinks or grows one
     /// in place.
     fn remap(&mut self) {
-        let Some((start, len)) = self.run(96) else { return };
+        let Some((start, len)) = self.run(96) else {
+            return;
+        };
         if self.rng.gen_bool(0.25) {
             // Shrink in place: the tail goes.
             let keep = self.rng.gen_range(0..len / PAGE) * PAGE;
@@ -264,9 +298,20 @@ impl Case {
             return;
         }
         // A whole region moves with its handle; a part leaves it.
-        let whole = self.regions.iter().any(|(_, r)| r.as_ptr() as usize == start && r.len() == len);
+        let whole = self
+            .regions
+            .iter()
+            .any(|(_, r)| r.as_ptr() as usize == start && r.len() == len);
         // SAFETY: moving pages of the model onto reserved scratch space.
-        let r = unsafe { libc::mremap(start as *mut _, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, dst as *mut libc::c_void) };
+        let r = unsafe {
+            libc::mremap(
+                start as *mut _,
+                len,
+                len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                dst as *mut libc::c_void,
+            )
+        };
         if r == libc::MAP_FAILED {
             // The run spans mappings (mprotect split it): mremap refuses.
             return;
@@ -274,7 +319,13 @@ impl Case {
         self.scratch_used = dst + len + PAGE - self.scratch.0;
         for k in 0..len / PAGE {
             let page = self.pages.remove(&(start + k * PAGE)).unwrap();
-            self.pages.insert(dst + k * PAGE, Page { owner: if whole { page.owner } else { NONE }, ..page });
+            self.pages.insert(
+                dst + k * PAGE,
+                Page {
+                    owner: if whole { page.owner } else { NONE },
+                    ..page
+                },
+            );
         }
         self.ops.moves += 1;
     }
@@ -301,7 +352,15 @@ impl Case {
             if let Some(t) = target {
                 let addr = list[t].0;
                 fill(addr, child_seed);
-                if !holds(addr, &Page { seed: child_seed, maybe_zero: false, writable: true, owner: NONE }) {
+                if !holds(
+                    addr,
+                    &Page {
+                        seed: child_seed,
+                        maybe_zero: false,
+                        writable: true,
+                        owner: NONE,
+                    },
+                ) {
                     bad += 1;
                 }
             }
@@ -311,10 +370,17 @@ impl Case {
         let mut status = 0;
         // SAFETY: waiting for our own child.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the forked child saw wrong bytes");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the forked child saw wrong bytes"
+        );
         if let Some(t) = target {
             let addr = list[t].0;
-            self.check(addr, PAGE, "the parent's page after the child wrote its copy");
+            self.check(
+                addr,
+                PAGE,
+                "the parent's page after the child wrote its copy",
+            );
         }
         self.ops.forks += 1;
     }
@@ -344,7 +410,12 @@ fn workers(words: Words, stop: &AtomicBool, seed: u64, done: &AtomicU64) {
                     done.fetch_add(256, Ordering::Relaxed);
                 }
                 for (k, &v) in model.iter().enumerate() {
-                    assert_eq!(words.read(k * 2 + t), v, "worker {t}: word {} at the end", k * 2 + t);
+                    assert_eq!(
+                        words.read(k * 2 + t),
+                        v,
+                        "worker {t}: word {} at the end",
+                        k * 2 + t
+                    );
                 }
             });
         }
@@ -352,7 +423,10 @@ fn workers(words: Words, stop: &AtomicBool, seed: u64, done: &AtomicU64) {
 }
 
 fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
@@ -367,7 +441,16 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
     .expect("userfaultfd runtime");
     let scratch_len = 256 * MIB;
     // SAFETY: a reservation that moves land in.
-    let scratch = unsafe { libc::mmap(std::ptr::null_mut(), scratch_len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0) };
+    let scratch = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            scratch_len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
     assert_ne!(scratch, libc::MAP_FAILED);
     let worker_region = rt.map(2 * high).expect("map");
     let stop = AtomicBool::new(false);
@@ -377,7 +460,10 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
         pages: BTreeMap::new(),
         regions: Vec::new(),
         next_region: 0,
-        scratch: ((scratch as usize).next_multiple_of(2 * MIB), scratch_len - 2 * MIB),
+        scratch: (
+            (scratch as usize).next_multiple_of(2 * MIB),
+            scratch_len - 2 * MIB,
+        ),
         scratch_used: 0,
         next_seed: seed << 20,
         folio,
@@ -398,7 +484,10 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
     // Everything, once more.
     let all: Vec<(usize, Page)> = case.pages.iter().map(|(&a, &p)| (a, p)).collect();
     for (addr, page) in &all {
-        assert!(holds(*addr, page), "final check: page {addr:#x} does not hold {page:?}");
+        assert!(
+            holds(*addr, page),
+            "final check: page {addr:#x} does not hold {page:?}"
+        );
     }
     let stats = case.rt.stats();
     eprintln!(
@@ -409,7 +498,10 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
         stats.store.zswpout + stats.store.pswpout + stats.store.swpout_zero,
         (stats.evicted_folios, stats.pgmajfault, stats.forks, stats.partial_folio_events, stats.split_installs)
     );
-    assert!(stats.evicted_folios > 0 && stats.pgmajfault > 0, "no pressure: {stats:?}");
+    assert!(
+        stats.evicted_folios > 0 && stats.pgmajfault > 0,
+        "no pressure: {stats:?}"
+    );
     assert_eq!(stats.store.decompress_fail, 0);
     assert_eq!(stats.sigbus, 0);
     drop(worker_region);
@@ -417,10 +509,17 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
     // SAFETY: the scratch reservation and whatever moved into it.
     unsafe { libc::munmap(scratch, scratch_len) };
     let rt = &case.rt;
-    assert!(common::eventually(|| rt.stats().children == 0), "forked children released");
+    assert!(
+        common::eventually(|| rt.stats().children == 0),
+        "forked children released"
+    );
     rt.store().drain_slot_caches();
     assert_eq!(rt.store().slots_in_use(), 0, "every slot is back");
-    assert_eq!(rt.store().stats().stored_pages, 0, "every pool object is freed");
+    assert_eq!(
+        rt.store().stats().stored_pages,
+        0,
+        "every pool object is freed"
+    );
     assert_eq!(rt.store().compact(), 0);
     assert_eq!(rt.store().pool().total_size(), 0, "every pool page is back");
 }
@@ -431,7 +530,9 @@ fn cases(folio: usize) {
     let first = env("USWAP_MODEL_SEED", 1);
     for seed in first..first + seeds {
         for swap_file in [false, true] {
-            within(Duration::from_secs(600), move || run_case(folio, swap_file, seed * 7919 + folio as u64, ops));
+            within(Duration::from_secs(600), move || {
+                run_case(folio, swap_file, seed * 7919 + folio as u64, ops)
+            });
         }
     }
 }

@@ -34,7 +34,12 @@ fn hammer(rt: &Runtime, words: Words, threads: usize, ops: usize, seed: u64) {
                     }
                 }
                 for (k, &v) in model.iter().enumerate() {
-                    assert_eq!(words.read(k * threads + t), v, "thread {t}: word {} at the end", k * threads + t);
+                    assert_eq!(
+                        words.read(k * threads + t),
+                        v,
+                        "thread {t}: word {} at the end",
+                        k * threads + t
+                    );
                 }
             });
         }
@@ -55,7 +60,11 @@ fn random_access_case(folio: usize, batch: usize, swap_file: bool) {
     assert!(stats.pgmajfault > 0, "nothing came back from the store");
     drop(region);
     rt.store().drain_slot_caches();
-    assert_eq!(rt.store().slots_in_use(), 0, "the dropped region's slots came back");
+    assert_eq!(
+        rt.store().slots_in_use(),
+        0,
+        "the dropped region's slots came back"
+    );
 }
 
 #[test]
@@ -131,7 +140,10 @@ fn writes_racing_eviction_are_never_lost() {
     });
     let stats = rt.stats();
     assert!(stats.evicted_folios > 0);
-    assert!(stats.wp_faults > 0 || stats.pgmajfault > 0, "no write ever met eviction: {stats:?}");
+    assert!(
+        stats.wp_faults > 0 || stats.pgmajfault > 0,
+        "no write ever met eviction: {stats:?}"
+    );
 }
 
 #[test]
@@ -146,10 +158,17 @@ fn madvise_dontneed_drops_and_keeps_the_right_bytes() {
     let (start, len) = (base + 2 * fs, 10 * fs + fs / 2);
     let stored_before = rt.stats().store.stored_pages;
     // SAFETY: a range inside our own region.
-    assert_eq!(unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) }, 0);
+    assert_eq!(
+        unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) },
+        0
+    );
     for i in 0..w.count {
         let addr = base + i * 8;
-        let expect = if addr >= start && addr < start + len { 0 } else { i as u64 ^ 0x5555 };
+        let expect = if addr >= start && addr < start + len {
+            0
+        } else {
+            i as u64 ^ 0x5555
+        };
         assert_eq!(w.read(i), expect, "word {i}");
     }
     assert!(
@@ -167,7 +186,10 @@ fn munmap_of_part_of_a_region_releases_its_slots() {
     let base = region.as_ptr() as usize;
     let slots_before = rt.store().slots_in_use();
     // SAFETY: unmapping whole folios of our own region that nothing uses.
-    assert_eq!(unsafe { libc::munmap((base + 16 * fs) as *mut _, 32 * fs) }, 0);
+    assert_eq!(
+        unsafe { libc::munmap((base + 16 * fs) as *mut _, 32 * fs) },
+        0
+    );
     // munmap returns once the runtime has read its UNMAP event; handling it
     // follows on the event thread.
     assert!(
@@ -200,14 +222,30 @@ fn mremap_moves_swapped_and_resident_folios_with_the_region() {
     // SAFETY: a scratch reservation to move onto, then moving our whole
     // region there.
     let target = unsafe {
-        let t = libc::mmap(std::ptr::null_mut(), 8 * MIB + fs, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let t = libc::mmap(
+            std::ptr::null_mut(),
+            8 * MIB + fs,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         assert_ne!(t, libc::MAP_FAILED);
         let t = (t as usize).next_multiple_of(fs);
-        let moved = libc::mremap(old as *mut _, 8 * MIB, 8 * MIB, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, t as *mut libc::c_void);
+        let moved = libc::mremap(
+            old as *mut _,
+            8 * MIB,
+            8 * MIB,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            t as *mut libc::c_void,
+        );
         assert_eq!(moved as usize, t);
         t
     };
-    assert!(eventually(|| region.current_base() == target), "the runtime followed the move");
+    assert!(
+        eventually(|| region.current_base() == target),
+        "the runtime followed the move"
+    );
     let w = Words::of(&region);
     for i in 0..w.count {
         assert_eq!(w.read(i), i as u64 ^ 0x5555, "word {i} after the move");
@@ -226,9 +264,22 @@ fn mremap_of_a_part_that_cuts_folios_keeps_every_byte() {
     // SAFETY: a scratch reservation to move onto, then moving part of our
     // own region there.
     let to = unsafe {
-        let t = libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let t = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         assert_ne!(t, libc::MAP_FAILED);
-        let moved = libc::mremap(from as *mut _, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, t);
+        let moved = libc::mremap(
+            from as *mut _,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            t,
+        );
         assert_eq!(moved, t);
         t as usize
     };
@@ -254,11 +305,21 @@ fn a_managed_mapping_is_paged_and_given_back_intact() {
     // SAFETY: a fresh private anonymous mapping of our own, aligned to the
     // folio size by over-mapping.
     let base = unsafe {
-        let p = libc::mmap(std::ptr::null_mut(), len + fs, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len + fs,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED);
         (p as usize).next_multiple_of(fs)
     };
-    let words = Words { base, count: len / 8 };
+    let words = Words {
+        base,
+        count: len / 8,
+    };
     for i in 0..words.count {
         words.write(i, i as u64 * 3);
     }
@@ -270,14 +331,21 @@ fn a_managed_mapping_is_paged_and_given_back_intact() {
         rt.reclaim_now();
         std::thread::yield_now();
     }
-    assert!(rt.stats().evicted_folios > 0, "nothing of the managed mapping was evicted");
+    assert!(
+        rt.stats().evicted_folios > 0,
+        "nothing of the managed mapping was evicted"
+    );
     for i in (0..words.count).step_by(97) {
         assert_eq!(words.read(i), i as u64 * 3, "word {i} while managed");
     }
     drop(region);
     // No longer managed: every byte is back in the caller's mapping.
     for i in 0..words.count {
-        assert_eq!(words.read(i), i as u64 * 3, "word {i} after the region was dropped");
+        assert_eq!(
+            words.read(i),
+            i as u64 * 3,
+            "word {i} after the region was dropped"
+        );
     }
 }
 
@@ -312,7 +380,9 @@ fn resident_memory_stays_under_the_limit_plus_slack() {
                 let counted = rt.stats().resident_bytes as usize;
                 // SAFETY: mincore over our own region into a vector of one
                 // byte per page.
-                let r = unsafe { libc::mincore(region.as_ptr().cast(), region.len(), vec.as_mut_ptr()) };
+                let r = unsafe {
+                    libc::mincore(region.as_ptr().cast(), region.len(), vec.as_mut_ptr())
+                };
                 assert_eq!(r, 0);
                 let real = vec.iter().filter(|&&b| b & 1 != 0).count() * 4096;
                 max_counted = max_counted.max(counted);
@@ -344,11 +414,20 @@ fn a_corrupt_stored_object_is_sigbus_for_the_faulting_thread() {
     }
     let exe = std::env::current_exe().unwrap();
     let status = std::process::Command::new(exe)
-        .args(["--exact", "a_corrupt_stored_object_is_sigbus_for_the_faulting_thread", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "a_corrupt_stored_object_is_sigbus_for_the_faulting_thread",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("USWAP_SIGBUS_CHILD", "1")
         .status()
         .unwrap();
-    assert_eq!(status.signal(), Some(libc::SIGBUS), "child ended with {status:?}");
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGBUS),
+        "child ended with {status:?}"
+    );
 }
 
 fn sigbus_child() {

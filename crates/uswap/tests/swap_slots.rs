@@ -29,7 +29,10 @@ fn folios_get_aligned_contiguous_runs_and_fall_back_when_fragmented() {
         a.free(s);
     }
     assert_eq!(a.in_use(), 0);
-    assert!(a.alloc(9).is_some(), "freed clusters serve large folios again");
+    assert!(
+        a.alloc(9).is_some(),
+        "freed clusters serve large folios again"
+    );
 }
 
 #[test]
@@ -86,11 +89,18 @@ fn churn(mode: FreeMode, hold_worker: bool) {
     if hold_worker {
         let stats = releaser.stats();
         assert!(stats.async_handoffs >= 1);
-        assert!(stats.async_direct_frees >= 1, "a busy worker makes releasers free directly");
+        assert!(
+            stats.async_direct_frees >= 1,
+            "a busy worker makes releasers free directly"
+        );
         releaser.hold_worker(false);
     }
     releaser.drain();
-    assert_eq!(allocator.in_use(), 0, "{mode:?}: slots did not all come back");
+    assert_eq!(
+        allocator.in_use(),
+        0,
+        "{mode:?}: slots did not all come back"
+    );
     let stats = releaser.stats();
     match mode {
         FreeMode::Immediate => assert_eq!(stats.freed_immediately, stats.released),

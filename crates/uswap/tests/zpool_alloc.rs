@@ -44,7 +44,10 @@ fn objects_keep_their_bytes_through_frees_and_compaction() {
     assert_eq!(pool.objects(), live.len());
     let stats = pool.class_stats();
     assert_eq!(stats.iter().map(|c| c.objs_used).sum::<usize>(), live.len());
-    assert_eq!(stats.iter().map(|c| c.pages_used).sum::<usize>() * PAGE_SIZE, pool.total_size());
+    assert_eq!(
+        stats.iter().map(|c| c.pages_used).sum::<usize>() * PAGE_SIZE,
+        pool.total_size()
+    );
     for h in live.keys() {
         pool.free(*h);
     }

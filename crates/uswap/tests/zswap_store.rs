@@ -78,7 +78,8 @@ fn op() -> impl Strategy<Value = Op> {
 fn run_model(ops: &[Op], with_file: bool, engines: usize, free_mode: FreeMode) {
     let corpus = corpus_pages();
     let device = Arc::new(Device::new(DeviceConfig::with_engines(engines)).unwrap());
-    let backing: Option<Arc<dyn Backing>> = with_file.then(|| Arc::new(MemBacking::new(1 << 14)) as Arc<dyn Backing>);
+    let backing: Option<Arc<dyn Backing>> =
+        with_file.then(|| Arc::new(MemBacking::new(1 << 14)) as Arc<dyn Backing>);
     // A small pool so the limit, the file and writeback all come into play.
     let z = Zswap::new(config(96 << 10, free_mode), device, backing).unwrap();
     let mut model: Vec<(SlotRange, Vec<u8>)> = Vec::new();
@@ -92,7 +93,10 @@ fn run_model(ops: &[Op], with_file: bool, engines: usize, free_mode: FreeMode) {
                         model.push((range, data));
                     }
                     Err(e) => {
-                        assert!(!with_file || e == StoreError::NoSlots, "store failed with a file: {e:?}");
+                        assert!(
+                            !with_file || e == StoreError::NoSlots,
+                            "store failed with a file: {e:?}"
+                        );
                     }
                 }
             }
@@ -101,7 +105,11 @@ fn run_model(ops: &[Op], with_file: bool, engines: usize, free_mode: FreeMode) {
                 let mut out = vec![0u8; data.len()];
                 z.load(range, &mut out).unwrap();
                 assert!(out == data, "a loaded folio differs from what was stored");
-                assert_eq!(z.load(range, &mut out), Err(LoadError::NotStored(range.first)), "loads are exclusive");
+                assert_eq!(
+                    z.load(range, &mut out),
+                    Err(LoadError::NotStored(range.first)),
+                    "loads are exclusive"
+                );
             }
             Op::Invalidate(i) if !model.is_empty() => {
                 let (range, _) = model.swap_remove(i % model.len());
@@ -117,7 +125,10 @@ fn run_model(ops: &[Op], with_file: bool, engines: usize, free_mode: FreeMode) {
             _ => {}
         }
         let stats = z.stats();
-        assert!(stats.pool_total_size as usize <= (96 << 10) + 8 * PAGE_SIZE, "pool over its limit");
+        assert!(
+            stats.pool_total_size as usize <= (96 << 10) + 8 * PAGE_SIZE,
+            "pool over its limit"
+        );
     }
     for (range, data) in model.drain(..) {
         let mut out = vec![0u8; data.len()];
@@ -172,7 +183,9 @@ fn concurrent_stores_loads_and_invalidations_with_writeback_and_compaction() {
                         let (range, _) = mine.swap_remove(seed % mine.len());
                         z.invalidate(range);
                     } else {
-                        let folios: Vec<Vec<u8>> = (0..3).map(|k| folio(corpus, seed * 3 + k, [1, 4, 16][k])).collect();
+                        let folios: Vec<Vec<u8>> = (0..3)
+                            .map(|k| folio(corpus, seed * 3 + k, [1, 4, 16][k]))
+                            .collect();
                         let refs: Vec<&[u8]> = folios.iter().map(|f| f.as_slice()).collect();
                         for (r, f) in z.store_batch(&refs).into_iter().zip(folios) {
                             mine.push((r.expect("store with a file"), f));
@@ -200,7 +213,10 @@ fn concurrent_stores_loads_and_invalidations_with_writeback_and_compaction() {
     });
     let stats = z.stats();
     assert!(stats.written_back_pages > 0, "writeback ran");
-    assert!(stats.pswpin > 0, "written-back pages were loaded from the file");
+    assert!(
+        stats.pswpin > 0,
+        "written-back pages were loaded from the file"
+    );
     assert_eq!(stats.decompress_fail, 0);
     z.drain_slot_caches();
     assert_eq!(z.slots_in_use(), 0);
@@ -213,7 +229,12 @@ fn swap_file_faults_lose_nothing_and_are_reported() {
         let device = Arc::new(Device::synchronous());
         let backing = Arc::new(MemBacking::new(4096));
         // A pool of zero bytes: every page goes to the file.
-        let z = Zswap::new(config(0, FreeMode::Immediate), device, Some(backing.clone() as Arc<dyn Backing>)).unwrap();
+        let z = Zswap::new(
+            config(0, FreeMode::Immediate),
+            device,
+            Some(backing.clone() as Arc<dyn Backing>),
+        )
+        .unwrap();
         let data = folio(&corpus, 5, 16);
         backing.fail_next_write(fault);
         assert_eq!(store(&z, &data), Err(StoreError::Io), "{fault:?}");
@@ -225,7 +246,10 @@ fn swap_file_faults_lose_nothing_and_are_reported() {
         let range = store(&z, &data).unwrap();
         let mut out = vec![0u8; data.len()];
         backing.fail_next_read(Fault::Io);
-        assert_eq!(z.load(range, &mut out), Err(LoadError::Io(range.first + first_file_page(&data))));
+        assert_eq!(
+            z.load(range, &mut out),
+            Err(LoadError::Io(range.first + first_file_page(&data)))
+        );
         assert_eq!(z.stats().swap_read_errors, 1);
         z.load(range, &mut out).unwrap();
         assert!(out == data, "a failed read left the entry intact");
@@ -234,14 +258,21 @@ fn swap_file_faults_lose_nothing_and_are_reported() {
 
 /// Index of the first page that is not same-filled (the first to touch the file).
 fn first_file_page(data: &[u8]) -> u32 {
-    data.chunks(PAGE_SIZE).position(|p| uswap::codec::same_filled(p).is_none()).unwrap() as u32
+    data.chunks(PAGE_SIZE)
+        .position(|p| uswap::codec::same_filled(p).is_none())
+        .unwrap() as u32
 }
 
 #[test]
 fn writeback_errors_keep_the_entry_in_the_pool() {
     let corpus = corpus_pages();
     let backing = Arc::new(MemBacking::new(4096));
-    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), Some(backing.clone() as Arc<dyn Backing>)).unwrap();
+    let z = Zswap::new(
+        config(1 << 20, FreeMode::Immediate),
+        Arc::new(Device::synchronous()),
+        Some(backing.clone() as Arc<dyn Backing>),
+    )
+    .unwrap();
     let data = folio(&corpus, 9, 16);
     let range = store(&z, &data).unwrap();
     backing.fail_next_write(Fault::Io);
@@ -259,13 +290,21 @@ fn writeback_errors_keep_the_entry_in_the_pool() {
 #[test]
 fn pool_allocation_failure_rejects_the_whole_folio() {
     let corpus = corpus_pages();
-    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    let z = Zswap::new(
+        config(1 << 20, FreeMode::Immediate),
+        Arc::new(Device::synchronous()),
+        None,
+    )
+    .unwrap();
     let data = folio(&corpus, 3, 16);
     z.pool().fail_next_allocs(1);
     assert_eq!(store(&z, &data), Err(StoreError::AllocFail));
     let stats = z.stats();
     assert_eq!(stats.reject_alloc_fail, 1);
-    assert_eq!(stats.stored_pages, 0, "pages stored before the failure were dropped");
+    assert_eq!(
+        stats.stored_pages, 0,
+        "pages stored before the failure were dropped"
+    );
     assert_eq!(z.pool().total_size(), 0);
     assert_eq!(z.slots_in_use(), 0);
     assert!(store(&z, &data).is_ok());
@@ -275,11 +314,21 @@ fn pool_allocation_failure_rejects_the_whole_folio() {
 fn incompressible_pages_are_rejected_without_a_file_and_stored_raw_with_one() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(99);
     let random: Vec<u8> = (0..4 * PAGE_SIZE).map(|_| rng.gen()).collect();
-    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    let z = Zswap::new(
+        config(1 << 20, FreeMode::Immediate),
+        Arc::new(Device::synchronous()),
+        None,
+    )
+    .unwrap();
     assert_eq!(store(&z, &random), Err(StoreError::CompressPoor));
     assert!(z.stats().reject_compress_poor >= 1);
     let backing: Arc<dyn Backing> = Arc::new(MemBacking::new(64));
-    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), Some(backing)).unwrap();
+    let z = Zswap::new(
+        config(1 << 20, FreeMode::Immediate),
+        Arc::new(Device::synchronous()),
+        Some(backing),
+    )
+    .unwrap();
     let range = store(&z, &random).unwrap();
     assert_eq!(z.stats().stored_incompressible_pages, 4);
     let mut out = vec![0u8; random.len()];
@@ -290,20 +339,33 @@ fn incompressible_pages_are_rejected_without_a_file_and_stored_raw_with_one() {
 #[test]
 fn a_corrupt_object_is_a_decompress_fail_never_data() {
     let corpus = corpus_pages();
-    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap()), None).unwrap();
+    let z = Zswap::new(
+        config(1 << 20, FreeMode::Immediate),
+        Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap()),
+        None,
+    )
+    .unwrap();
     let data = folio(&corpus, 4, 16);
     let range = store(&z, &data).unwrap();
     let victim = range.slots().find(|&s| z.corrupt_stored_object(s)).unwrap();
     let mut out = vec![0u8; data.len()];
     assert_eq!(z.load(range, &mut out), Err(LoadError::Corrupt(victim)));
     assert_eq!(z.stats().decompress_fail, 1);
-    assert!(z.is_stored(victim), "the entry is kept, not silently dropped");
+    assert!(
+        z.is_stored(victim),
+        "the entry is kept, not silently dropped"
+    );
 }
 
 #[test]
 fn an_edited_object_is_caught_by_its_checksum_or_by_the_decoder() {
     let corpus = corpus_pages();
-    let z = Zswap::new(config(1 << 20, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    let z = Zswap::new(
+        config(1 << 20, FreeMode::Immediate),
+        Arc::new(Device::synchronous()),
+        None,
+    )
+    .unwrap();
     let data = folio(&corpus, 4, 4);
     let range = store(&z, &data).unwrap();
     let mut original = Vec::new();
@@ -333,7 +395,10 @@ fn an_edited_object_is_caught_by_its_checksum_or_by_the_decoder() {
     assert!(z.edit_stored_object(victim, true, |b| *b = original.clone()));
     z.load(range, &mut out).unwrap();
     assert!(out == data);
-    assert_eq!((z.slots_in_use(), z.pool().objects(), z.stats().stored_bytes), (0, 0, 0));
+    assert_eq!(
+        (z.slots_in_use(), z.pool().objects(), z.stats().stored_bytes),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -354,14 +419,22 @@ fn an_engine_that_stops_answering_does_not_block_the_store() {
     let mut out = vec![0u8; data.len()];
     z.load(range, &mut out).unwrap();
     assert!(out == data);
-    assert!(device.stats().engines[0].stall_recoveries > 0, "the stalled engine's jobs were taken back");
+    assert!(
+        device.stats().engines[0].stall_recoveries > 0,
+        "the stalled engine's jobs were taken back"
+    );
 }
 
 #[test]
 fn pool_limit_holds_and_hysteresis_works_both_ways() {
     let corpus = corpus_pages();
     let max = 256 << 10;
-    let z = Zswap::new(config(max, FreeMode::Immediate), Arc::new(Device::synchronous()), None).unwrap();
+    let z = Zswap::new(
+        config(max, FreeMode::Immediate),
+        Arc::new(Device::synchronous()),
+        None,
+    )
+    .unwrap();
     let mut stored = Vec::new();
     let mut refused = 0;
     for seed in 0..200 {
@@ -371,7 +444,10 @@ fn pool_limit_holds_and_hysteresis_works_both_ways() {
             Err(StoreError::PoolLimit) => refused += 1,
             Err(e) => panic!("{e:?}"),
         }
-        assert!(z.pool().total_size() <= max + 8 * PAGE_SIZE, "pool exceeded its limit by more than a zspage");
+        assert!(
+            z.pool().total_size() <= max + 8 * PAGE_SIZE,
+            "pool exceeded its limit by more than a zspage"
+        );
     }
     assert!(refused > 0);
     let hits = z.stats().pool_limit_hit;
@@ -385,7 +461,11 @@ fn pool_limit_holds_and_hysteresis_works_both_ways() {
         z.compact();
     }
     if z.pool().total_size() > max * 90 / 100 {
-        assert_eq!(store(&z, &folio(&corpus, 7, 4)), Err(StoreError::PoolLimit), "refused until below the threshold");
+        assert_eq!(
+            store(&z, &folio(&corpus, 7, 4)),
+            Err(StoreError::PoolLimit),
+            "refused until below the threshold"
+        );
     }
     // Drain below the threshold: stores are accepted again.
     while z.pool().total_size() > max * 80 / 100 {
@@ -393,5 +473,8 @@ fn pool_limit_holds_and_hysteresis_works_both_ways() {
         z.load(r, &mut out).unwrap();
         z.compact();
     }
-    assert!(store(&z, &folio(&corpus, 8, 4)).is_ok(), "accepted again below the threshold");
+    assert!(
+        store(&z, &folio(&corpus, 8, 4)).is_ok(),
+        "accepted again below the threshold"
+    );
 }

@@ -96,19 +96,28 @@ struct Report {
 enum Raw {
     Lz4(Lz4State),
     Lzo(Version, LzoTable),
-    Zstd(zstd::bulk::Compressor<'static>, zstd::bulk::Decompressor<'static>),
+    Zstd(
+        zstd::bulk::Compressor<'static>,
+        zstd::bulk::Decompressor<'static>,
+    ),
     Deflate(libdeflater::Compressor, libdeflater::Decompressor),
 }
 
 impl Raw {
     fn new(codec: &dyn Codec, spec: &str) -> Raw {
-        let level = spec.split_once(':').map(|(_, l)| l.parse().expect("validated level"));
+        let level = spec
+            .split_once(':')
+            .map(|(_, l)| l.parse().expect("validated level"));
         let zstd_with = |dict: &[u8]| {
-            let mut c = zstd::bulk::Compressor::with_dictionary(level.unwrap_or(1), dict).expect("zstd context");
+            let mut c = zstd::bulk::Compressor::with_dictionary(level.unwrap_or(1), dict)
+                .expect("zstd context");
             c.include_contentsize(false).expect("parameter");
             c.include_checksum(false).expect("parameter");
             c.include_dictid(false).expect("parameter");
-            Raw::Zstd(c, zstd::bulk::Decompressor::with_dictionary(dict).expect("zstd context"))
+            Raw::Zstd(
+                c,
+                zstd::bulk::Decompressor::with_dictionary(dict).expect("zstd context"),
+            )
         };
         match codec.name() {
             "lz4" => Raw::Lz4(Lz4State::new()),
@@ -117,7 +126,9 @@ impl Raw {
             "zstd" => zstd_with(&[]),
             "canned" => zstd_with(DEFAULT_DICTIONARY),
             "deflate" => Raw::Deflate(
-                libdeflater::Compressor::new(libdeflater::CompressionLvl::new(level.unwrap_or(1)).expect("level")),
+                libdeflater::Compressor::new(
+                    libdeflater::CompressionLvl::new(level.unwrap_or(1)).expect("level"),
+                ),
                 libdeflater::Decompressor::new(),
             ),
             other => unreachable!("no raw path for {other}"),
@@ -138,7 +149,9 @@ impl Raw {
         match self {
             Raw::Lz4(_) => lz4_decompress(src, dst).is_ok(),
             Raw::Lzo(..) => lzo::decompress(src, dst).is_ok(),
-            Raw::Zstd(_, d) => d.decompress_to_buffer(src, dst).is_ok_and(|n| n == dst.len()),
+            Raw::Zstd(_, d) => d
+                .decompress_to_buffer(src, dst)
+                .is_ok_and(|n| n == dst.len()),
             Raw::Deflate(_, d) => d.deflate_decompress(src, dst).is_ok_and(|n| n == dst.len()),
         }
     }
@@ -155,7 +168,8 @@ fn measure_codec(spec: &str, folio_size: usize, folios: &[&[u8]], rounds: u32) -
     let mut bufs: Vec<Vec<u8>> = folios.iter().map(|f| vec![0u8; f.len()]).collect();
     let mut sizes = vec![None; folios.len()];
     let mut out = vec![0u8; folio_size];
-    let (mut ours_c, mut raw_c, mut ours_d, mut raw_d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ours_c, mut raw_c, mut ours_d, mut raw_d) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut roundtrip_ok = true;
 
     for round in 0..rounds {
@@ -198,8 +212,17 @@ fn measure_codec(spec: &str, folio_size: usize, folios: &[&[u8]], rounds: u32) -
     }
 
     let input: usize = folios.iter().map(|f| f.len()).sum();
-    let stored: usize = sizes.iter().zip(folios).map(|(s, f)| s.unwrap_or(f.len())).sum();
-    let decompressed: usize = sizes.iter().zip(folios).filter(|(s, _)| s.is_some()).map(|(_, f)| f.len()).sum();
+    let stored: usize = sizes
+        .iter()
+        .zip(folios)
+        .map(|(s, f)| s.unwrap_or(f.len()))
+        .sum();
+    let decompressed: usize = sizes
+        .iter()
+        .zip(folios)
+        .filter(|(s, _)| s.is_some())
+        .map(|(_, f)| f.len())
+        .sum();
     let total_c: u64 = ours_c.iter().sum();
     let total_d: u64 = ours_d.iter().sum();
     let (c, rc, d, rd) = (
@@ -220,12 +243,19 @@ fn measure_codec(spec: &str, folio_size: usize, folios: &[&[u8]], rounds: u32) -
         compress_overhead: c.p50 as f64 / rc.p50.max(1) as f64,
         decompress_overhead: d.p50 as f64 / rd.p50.max(1) as f64,
         compress_mb_s: (input as f64 * rounds as f64) / (total_c as f64 / 1e9) / 1e6,
-        decompress_mb_s: (decompressed as f64 * rounds as f64) / (total_d.max(1) as f64 / 1e9) / 1e6,
+        decompress_mb_s: (decompressed as f64 * rounds as f64)
+            / (total_d.max(1) as f64 / 1e9)
+            / 1e6,
         roundtrip_ok,
     }
 }
 
-fn measure_byn(spec: &str, config: &DeviceConfig, folios: &[&[u8]], rounds: u32) -> Result<Vec<BynRow>, String> {
+fn measure_byn(
+    spec: &str,
+    config: &DeviceConfig,
+    folios: &[&[u8]],
+    rounds: u32,
+) -> Result<Vec<BynRow>, String> {
     let codec = codec::by_name(spec).expect("validated codec");
     let engines = config.engines;
     let device = Device::new(config.clone()).map_err(|e| format!("starting engines: {e}"))?;
@@ -290,19 +320,35 @@ fn sequential_rate(codec: &dyn Codec, pages: &[&[u8]], rounds: u32) -> f64 {
 }
 
 /// Pages per second compressing `pages` in batches of `batch` on `device`.
-fn batched_rate(device: &Device, codec: &dyn Codec, pages: &[&[u8]], batch: usize, rounds: u32) -> f64 {
+fn batched_rate(
+    device: &Device,
+    codec: &dyn Codec,
+    pages: &[&[u8]],
+    batch: usize,
+    rounds: u32,
+) -> f64 {
     let mut bufs = vec![vec![0u8; corpus::PAGE_SIZE]; batch];
     let t = Instant::now();
     for _ in 0..rounds {
         for chunk in pages.chunks(batch) {
-            let mut jobs: Vec<Job<'_>> = chunk.iter().zip(bufs.iter_mut()).map(|(p, b)| Job::new(p, b)).collect();
+            let mut jobs: Vec<Job<'_>> = chunk
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(p, b)| Job::new(p, b))
+                .collect();
             device.compress_batch(codec, &mut jobs);
         }
     }
     (pages.len() as f64 * rounds as f64) / t.elapsed().as_secs_f64()
 }
 
-fn measure_batches(spec: &str, base: &DeviceConfig, batches: &[usize], pages: &[&[u8]], rounds: u32) -> Result<Vec<BatchRow>, String> {
+fn measure_batches(
+    spec: &str,
+    base: &DeviceConfig,
+    batches: &[usize],
+    pages: &[&[u8]],
+    rounds: u32,
+) -> Result<Vec<BatchRow>, String> {
     let engines = base.engines;
     let codec: Arc<dyn Codec> = codec::by_name(spec).expect("validated codec");
     let row = |batch, engines, mode, caller_assist, rate: f64, seq: f64| BatchRow {
@@ -346,7 +392,14 @@ fn measure_batches(spec: &str, base: &DeviceConfig, batches: &[usize], pages: &[
     let seq = seq_total / rounds as f64;
     let mut rows = vec![row(1, 0, "sequential", false, seq, seq)];
     for (&(engines, batch, assist), total) in configs.iter().zip(totals) {
-        rows.push(row(batch, engines, "batched", assist, total / rounds as f64, seq));
+        rows.push(row(
+            batch,
+            engines,
+            "batched",
+            assist,
+            total / rounds as f64,
+            seq,
+        ));
     }
     Ok(rows)
 }
@@ -360,9 +413,15 @@ pub fn run(args: &Args) -> Result<(), String> {
     let mut codec_rows = Vec::new();
     for spec in &args.codecs {
         for &folio_size in &args.folios {
-            let folios: Vec<&[u8]> = workloads.iter().flat_map(|w| w.folios(folio_size)).collect();
+            let folios: Vec<&[u8]> = workloads
+                .iter()
+                .flat_map(|w| w.folios(folio_size))
+                .collect();
             if folios.is_empty() {
-                return Err(format!("the corpus has no whole {} folios", format_size(folio_size as u64)));
+                return Err(format!(
+                    "the corpus has no whole {} folios",
+                    format_size(folio_size as u64)
+                ));
             }
             bar.set_message(format!("{spec} {}", format_size(folio_size as u64)));
             codec_rows.push(measure_codec(spec, folio_size, &folios, args.rounds));
@@ -374,14 +433,37 @@ pub fn run(args: &Args) -> Result<(), String> {
     let byn_rows = measure_byn(&args.table_codec, &device_config, &folios64, args.rounds)?;
     bar.inc(1);
     bar.set_message("batches");
-    let pages: Vec<&[u8]> = workloads.iter().flat_map(|w| w.folios(corpus::PAGE_SIZE)).collect();
+    let pages: Vec<&[u8]> = workloads
+        .iter()
+        .flat_map(|w| w.folios(corpus::PAGE_SIZE))
+        .collect();
     let batches: Vec<usize> = args.batches.iter().map(|&b| b as usize).collect();
-    let batch_rows = measure_batches(&args.table_codec, &device_config, &batches, &pages, args.rounds.max(3))?;
+    let batch_rows = measure_batches(
+        &args.table_codec,
+        &device_config,
+        &batches,
+        &pages,
+        args.rounds.max(3),
+    )?;
     bar.finish_and_clear();
 
     let mut t = Table::new(&[
-        "codec", "folio", "ratio", "c p05", "c p50", "c p99", "raw c p50", "c ours/raw", "d p05", "d p50", "d p99",
-        "raw d p50", "d ours/raw", "c MB/s", "d MB/s", "ok",
+        "codec",
+        "folio",
+        "ratio",
+        "c p05",
+        "c p50",
+        "c p99",
+        "raw c p50",
+        "c ours/raw",
+        "d p05",
+        "d p50",
+        "d p99",
+        "raw d p50",
+        "d ours/raw",
+        "c MB/s",
+        "d MB/s",
+        "ok",
     ]);
     for r in &codec_rows {
         t.row(vec![
@@ -403,9 +485,21 @@ pub fn run(args: &Args) -> Result<(), String> {
             if r.roundtrip_ok { "yes" } else { "NO" }.to_string(),
         ]);
     }
-    t.print(&format!("Codecs on {} (latency per folio in ns; ours/raw = our layer's p50 over the library's)", dir.display()));
+    t.print(&format!(
+        "Codecs on {} (latency per folio in ns; ours/raw = our layer's p50 over the library's)",
+        dir.display()
+    ));
 
-    let mut t = Table::new(&["codec", "folio", "N", "engines", "compress p50", "vs N=1", "decompress p50", "ratio"]);
+    let mut t = Table::new(&[
+        "codec",
+        "folio",
+        "N",
+        "engines",
+        "compress p50",
+        "vs N=1",
+        "decompress p50",
+        "ratio",
+    ]);
     for r in &byn_rows {
         t.row(vec![
             r.codec.clone(),
@@ -420,7 +514,16 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     t.print("by_n: one 64K folio as N segments compressed in parallel (ns)");
 
-    let mut t = Table::new(&["codec", "mode", "batch", "engines", "assist", "pages/s", "ns/page", "vs sequential"]);
+    let mut t = Table::new(&[
+        "codec",
+        "mode",
+        "batch",
+        "engines",
+        "assist",
+        "pages/s",
+        "ns/page",
+        "vs sequential",
+    ]);
     for r in &batch_rows {
         t.row(vec![
             r.codec.clone(),

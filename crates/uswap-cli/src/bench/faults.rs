@@ -6,6 +6,7 @@
 //! a 4 KiB / 64 KiB unit with no store behind it, UFFDIO_COPY alone, and the
 //! raw codec's decompression of the same pages.
 
+use super::floor;
 use super::{progress, quantile, write_json, Latency, Table};
 use crate::args;
 use rand::{Rng, SeedableRng};
@@ -14,7 +15,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use uswap::codec::lz4::{lz4_decompress, Lz4State};
 use uswap::corpus::{self, PAGE_SIZE};
-use super::floor;
 use uswap::mm::{Runtime, RuntimeConfig};
 use uswap::size::format_size;
 use uswap::swap::FreeMode;
@@ -118,9 +118,15 @@ fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Ve
         ..RuntimeConfig::default()
     })
     .map_err(|e| format!("starting the runtime: {e}"))?;
-    let mut region = rt.map(args.size as usize).map_err(|e| format!("mapping: {e}"))?;
+    let mut region = rt
+        .map(args.size as usize)
+        .map_err(|e| format!("mapping: {e}"))?;
     let n = pages.len() / PAGE_SIZE;
-    for (i, page) in region.as_mut_slice().chunks_exact_mut(PAGE_SIZE).enumerate() {
+    for (i, page) in region
+        .as_mut_slice()
+        .chunks_exact_mut(PAGE_SIZE)
+        .enumerate()
+    {
         let p = (i * 7) % n;
         page.copy_from_slice(&pages[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
     }
@@ -141,7 +147,9 @@ fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Ve
                     let mut lat = Vec::with_capacity(per_thread);
                     let stop = Instant::now() + Duration::from_secs(60);
                     while lat.len() < per_thread && Instant::now() < stop {
-                        let addr = base + rng.gen_range(0..folios) * folio + rng.gen_range(0..folio / PAGE_SIZE) * PAGE_SIZE;
+                        let addr = base
+                            + rng.gen_range(0..folios) * folio
+                            + rng.gen_range(0..folio / PAGE_SIZE) * PAGE_SIZE;
                         if !rt.is_swapped(addr as *const u8) {
                             continue;
                         }
@@ -155,7 +163,10 @@ fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Ve
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("toucher")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("toucher"))
+            .collect()
     });
     let stats = rt.stats();
     if stats.sigbus > 0 || stats.store.decompress_fail > 0 {
@@ -168,9 +179,14 @@ fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Ve
 pub fn run(args: &Args) -> Result<(), String> {
     let dir = args.corpus.clone().unwrap_or_else(corpus::default_dir);
     let workloads = corpus::load_dir(&dir).map_err(|e| format!("loading the corpus: {e}"))?;
-    let pages: Vec<u8> = workloads.iter().flat_map(|w| w.pages.iter().copied()).collect();
+    let pages: Vec<u8> = workloads
+        .iter()
+        .flat_map(|w| w.pages.iter().copied())
+        .collect();
     if args.size < 2 * args.memory_high {
-        return Err("--size must be at least twice --memory-high, so that most of it is swapped".into());
+        return Err(
+            "--size must be at least twice --memory-high, so that most of it is swapped".into(),
+        );
     }
     let modes = [FreeMode::Immediate, FreeMode::Batched, FreeMode::Async];
     let bar = progress((args.folios.len() * modes.len() + 1) as u64, "faults");
@@ -188,7 +204,8 @@ pub fn run(args: &Args) -> Result<(), String> {
             let floor = if folio == PAGE_SIZE {
                 floors.roundtrip_4k_us + floors.decompress_4k_us
             } else {
-                floors.roundtrip_64k_us * folio as f64 / (64 << 10) as f64 + floors.decompress_4k_us * pages_per_folio
+                floors.roundtrip_64k_us * folio as f64 / (64 << 10) as f64
+                    + floors.decompress_4k_us * pages_per_folio
             };
             rows.push(Row {
                 folio: format_size(folio as u64),
@@ -203,9 +220,20 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     bar.finish_and_clear();
 
-    let mut t = Table::new(&[&["folio", "free mode", "faults"][..], &Latency::HEADER[..], &["p50/page us", "p50/floor"][..]].concat());
+    let mut t = Table::new(
+        &[
+            &["folio", "free mode", "faults"][..],
+            &Latency::HEADER[..],
+            &["p50/page us", "p50/floor"][..],
+        ]
+        .concat(),
+    );
     for r in &rows {
-        let mut cells = vec![r.folio.clone(), r.free_mode.to_string(), r.faults.to_string()];
+        let mut cells = vec![
+            r.folio.clone(),
+            r.free_mode.to_string(),
+            r.faults.to_string(),
+        ];
         cells.extend(r.latency.cells());
         cells.push(format!("{:.2}", r.p50_per_page_us));
         cells.push(format!("{:.2}", r.p50_vs_floor));
@@ -218,10 +246,22 @@ pub fn run(args: &Args) -> Result<(), String> {
         format_size(args.memory_high)
     ));
     let mut t = Table::new(&["floor", "p50 us"]);
-    t.row(vec!["userfaultfd round trip, 4K install".into(), format!("{:.2}", floors.roundtrip_4k_us)]);
-    t.row(vec!["userfaultfd round trip, 64K install".into(), format!("{:.2}", floors.roundtrip_64k_us)]);
-    t.row(vec!["UFFDIO_COPY alone, 4K".into(), format!("{:.2}", floors.uffdio_copy_4k_us)]);
-    t.row(vec!["lz4 decompress, 4K corpus page".into(), format!("{:.2}", floors.decompress_4k_us)]);
+    t.row(vec![
+        "userfaultfd round trip, 4K install".into(),
+        format!("{:.2}", floors.roundtrip_4k_us),
+    ]);
+    t.row(vec![
+        "userfaultfd round trip, 64K install".into(),
+        format!("{:.2}", floors.roundtrip_64k_us),
+    ]);
+    t.row(vec![
+        "UFFDIO_COPY alone, 4K".into(),
+        format!("{:.2}", floors.uffdio_copy_4k_us),
+    ]);
+    t.row(vec![
+        "lz4 decompress, 4K corpus page".into(),
+        format!("{:.2}", floors.decompress_4k_us),
+    ]);
     t.print("Floors, measured in the same run");
 
     if let Some(path) = &args.json {

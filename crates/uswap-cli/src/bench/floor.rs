@@ -110,7 +110,9 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
                 }
                 let batch = std::mem::take(&mut events);
                 for event in batch {
-                    let Event::PageFault { addr, .. } = event else { continue };
+                    let Event::PageFault { addr, .. } = event else {
+                        continue;
+                    };
                     // Units are counted from the scratch base, which the
                     // kernel aligned to a page only.
                     let start = scratch.base + (addr - scratch.base) / unit * unit;
@@ -150,7 +152,12 @@ pub fn uffdio_copy_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Ve
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
         let t = Instant::now();
-        install(scratch.uffd, scratch.base + i * unit, &data, std::thread::yield_now)?;
+        install(
+            scratch.uffd,
+            scratch.base + i * unit,
+            &data,
+            std::thread::yield_now,
+        )?;
         out.push(t.elapsed().as_nanos() as u64);
     }
     Ok(out)

@@ -88,7 +88,11 @@ impl Table {
             .collect();
         println!("\n{title}");
         let line = |cells: &[String]| {
-            let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect();
+            let parts: Vec<String> = cells
+                .iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:>w$}"))
+                .collect();
             println!("  {}", parts.join("  "));
         };
         line(&self.header);
@@ -99,7 +103,12 @@ impl Table {
 }
 
 /// The latency buckets of the async-free seed, upper bounds in ns.
-const BUCKETS: [(&str, u64); 4] = [("0-20", 20_000), ("20-100", 100_000), ("100-500", 500_000), (">500", u64::MAX)];
+const BUCKETS: [(&str, u64); 4] = [
+    ("0-20", 20_000),
+    ("20-100", 100_000),
+    ("100-500", 500_000),
+    (">500", u64::MAX),
+];
 
 /// A latency distribution in microseconds, with the share of samples in
 /// each of the seed's buckets.
@@ -114,7 +123,9 @@ pub struct Latency {
 
 impl Latency {
     /// Column names matching [`Latency::cells`].
-    pub const HEADER: [&'static str; 8] = ["mean us", "p50 us", "p99 us", "p99.9 us", "0-20", "20-100", "100-500", ">500"];
+    pub const HEADER: [&'static str; 8] = [
+        "mean us", "p50 us", "p99 us", "p99.9 us", "0-20", "20-100", "100-500", ">500",
+    ];
 
     /// The distribution of `samples` (ns).
     pub fn of(samples: &mut [u64]) -> Latency {
@@ -145,7 +156,11 @@ impl Latency {
             format!("{:.2}", self.p99_us),
             format!("{:.2}", self.p999_us),
         ];
-        v.extend(BUCKETS.iter().map(|(k, _)| format!("{:.3}%", self.buckets[k] * 100.0)));
+        v.extend(
+            BUCKETS
+                .iter()
+                .map(|(k, _)| format!("{:.3}%", self.buckets[k] * 100.0)),
+        );
         v
     }
 }

@@ -106,12 +106,21 @@ fn folios_of(workloads: &[Workload], size: usize) -> Vec<&[u8]> {
     if !whole.is_empty() {
         return whole;
     }
-    workloads.iter().flat_map(|w| w.pages.chunks_exact(size)).collect()
+    workloads
+        .iter()
+        .flat_map(|w| w.pages.chunks_exact(size))
+        .collect()
 }
 
 /// A store with an unbounded pool and a swap file (so that a page that does
 /// not shrink is kept raw, as the kernel does when writeback is possible).
-fn new_store(codec: &str, device: Arc<Device>, batching: bool, free_mode: FreeMode, swap_dir: &Path) -> Result<Zswap, String> {
+fn new_store(
+    codec: &str,
+    device: Arc<Device>,
+    batching: bool,
+    free_mode: FreeMode,
+    swap_dir: &Path,
+) -> Result<Zswap, String> {
     let file = SwapFile::create(swap_dir, SWAP_FILE_BYTES).map_err(|e| e.to_string())?;
     let config = ZswapConfig {
         compressor: codec.to_string(),
@@ -155,7 +164,8 @@ fn round(z: &Zswap, folios: &[&[u8]], per_call: usize, s: &mut Samples) -> Resul
     let t = Instant::now();
     for (range, folio) in ranges.iter().zip(folios) {
         let t0 = Instant::now();
-        z.load(*range, &mut buf).map_err(|e| format!("load failed: {e}"))?;
+        z.load(*range, &mut buf)
+            .map_err(|e| format!("load failed: {e}"))?;
         s.load_ns.push(t0.elapsed().as_nanos() as u64);
         if buf != **folio {
             return Err("a loaded folio differs from the stored one".into());
@@ -166,7 +176,13 @@ fn round(z: &Zswap, folios: &[&[u8]], per_call: usize, s: &mut Samples) -> Resul
     Ok(())
 }
 
-fn measure_store(codec: &str, config: &DeviceConfig, folios: &[&[u8]], rounds: u32, swap_dir: &Path) -> Result<[StoreRow; 2], String> {
+fn measure_store(
+    codec: &str,
+    config: &DeviceConfig,
+    folios: &[&[u8]],
+    rounds: u32,
+    swap_dir: &Path,
+) -> Result<[StoreRow; 2], String> {
     let engines = config.engines;
     let device = Arc::new(Device::new(config.clone()).map_err(|e| e.to_string())?);
     let seq = new_store(codec, device.clone(), false, FreeMode::Immediate, swap_dir)?;
@@ -217,7 +233,13 @@ fn measure_store(codec: &str, config: &DeviceConfig, folios: &[&[u8]], rounds: u
 }
 
 fn measure_pool(codec: &str, pages: &[&[u8]], swap_dir: &Path) -> Result<PoolRow, String> {
-    let z = new_store(codec, Arc::new(Device::synchronous()), false, FreeMode::Immediate, swap_dir)?;
+    let z = new_store(
+        codec,
+        Arc::new(Device::synchronous()),
+        false,
+        FreeMode::Immediate,
+        swap_dir,
+    )?;
     let ranges: Vec<SlotRange> = z
         .store_batch(pages)
         .into_iter()
@@ -251,8 +273,20 @@ fn measure_pool(codec: &str, pages: &[&[u8]], swap_dir: &Path) -> Result<PoolRow
 
 /// Loads of random single pages by several threads, each page stored again
 /// (untimed) after its load; the released slots go through `mode`.
-fn measure_free_mode(mode: FreeMode, pages: &[&[u8]], ops: u64, threads: usize, swap_dir: &Path) -> Result<Vec<u64>, String> {
-    let z = new_store("lz4", Arc::new(Device::synchronous()), false, mode, swap_dir)?;
+fn measure_free_mode(
+    mode: FreeMode,
+    pages: &[&[u8]],
+    ops: u64,
+    threads: usize,
+    swap_dir: &Path,
+) -> Result<Vec<u64>, String> {
+    let z = new_store(
+        "lz4",
+        Arc::new(Device::synchronous()),
+        false,
+        mode,
+        swap_dir,
+    )?;
     let per_thread = pages.len() / threads;
     let results: Vec<Result<Vec<u64>, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -270,18 +304,25 @@ fn measure_free_mode(mode: FreeMode, pages: &[&[u8]], ops: u64, threads: usize, 
                     for _ in 0..ops / threads as u64 {
                         let i = rng.gen_range(0..mine.len());
                         let t0 = Instant::now();
-                        z.load(ranges[i], &mut buf).map_err(|e| format!("load failed: {e}"))?;
+                        z.load(ranges[i], &mut buf)
+                            .map_err(|e| format!("load failed: {e}"))?;
                         lat.push(t0.elapsed().as_nanos() as u64);
                         if buf != mine[i] {
                             return Err("a loaded page differs".to_string());
                         }
-                        ranges[i] = z.store_batch(&[mine[i]]).remove(0).map_err(|e| format!("store failed: {e}"))?;
+                        ranges[i] = z
+                            .store_batch(&[mine[i]])
+                            .remove(0)
+                            .map_err(|e| format!("store failed: {e}"))?;
                     }
                     Ok(lat)
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .collect()
     });
     let mut all = Vec::new();
     for r in results {
@@ -303,7 +344,13 @@ pub fn run(args: &Args) -> Result<(), String> {
         for &size in &args.folios {
             bar.set_message(format!("{codec} {}", format_size(size as u64)));
             let folios = folios_of(&workloads, size);
-            rows.extend(measure_store(codec, &device_config, &folios, args.rounds, &swap_dir)?);
+            rows.extend(measure_store(
+                codec,
+                &device_config,
+                &folios,
+                args.rounds,
+                &swap_dir,
+            )?);
             bar.inc(1);
         }
     }
@@ -341,8 +388,18 @@ pub fn run(args: &Args) -> Result<(), String> {
     bar.finish_and_clear();
 
     let mut t = Table::new(&[
-        "folio", "codec", "mode", "engines", "store pages/s", "vs seq", "store p50 us", "store p99 us", "load pages/s",
-        "vs seq", "load p50 us", "load p99 us",
+        "folio",
+        "codec",
+        "mode",
+        "engines",
+        "store pages/s",
+        "vs seq",
+        "store p50 us",
+        "store p99 us",
+        "load pages/s",
+        "vs seq",
+        "load p50 us",
+        "load p99 us",
     ]);
     for r in &rows {
         t.row(vec![
@@ -362,7 +419,16 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     t.print(&format!("Store and load on {} (latency per folio; 2M folios are runs of 512 consecutive sampled pages)", dir.display()));
 
-    let mut t = Table::new(&["codec", "objects", "stored bytes", "pool bytes", "efficiency", "metadata B/object", "after churn", "pages compacted"]);
+    let mut t = Table::new(&[
+        "codec",
+        "objects",
+        "stored bytes",
+        "pool bytes",
+        "efficiency",
+        "metadata B/object",
+        "after churn",
+        "pages compacted",
+    ]);
     t.row(vec![
         pool.codec.clone(),
         pool.objects.to_string(),
@@ -373,11 +439,17 @@ pub fn run(args: &Args) -> Result<(), String> {
         format!("{:.3}", pool.after_churn_efficiency),
         pool.compaction_pages_freed.to_string(),
     ]);
-    t.print("Pool: every corpus page stored (then half invalidated at random and the pool compacted)");
+    t.print(
+        "Pool: every corpus page stored (then half invalidated at random and the pool compacted)",
+    );
 
     let mut t = Table::new(&[&["free mode", "threads", "ops"][..], &Latency::HEADER[..]].concat());
     for r in &free_rows {
-        let mut cells = vec![r.mode.to_string(), r.threads.to_string(), r.operations.to_string()];
+        let mut cells = vec![
+            r.mode.to_string(),
+            r.threads.to_string(),
+            r.operations.to_string(),
+        ];
         cells.extend(r.latency.cells());
         t.row(cells);
     }

@@ -22,7 +22,13 @@ thread_local! {
 /// `src` or does not fit `dst`. A segment that does not shrink is stored
 /// raw. A result that fails the device's verification is
 /// [`CodecError::Internal`].
-pub fn compress(device: &Device, codec: &dyn Codec, n: usize, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
+pub fn compress(
+    device: &Device,
+    codec: &dyn Codec,
+    n: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<usize, CodecError> {
     let segment = frame::segment_len(n, src.len())?;
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
@@ -65,13 +71,21 @@ pub fn compress(device: &Device, codec: &dyn Codec, n: usize, src: &[u8], dst: &
 /// Decompresses a by_n frame into exactly `dst.len()` bytes, the segments in
 /// parallel on `device`. Any frame that is corrupt, was made by another
 /// codec, or does not decode to `dst.len()` bytes is [`CodecError::Corrupt`].
-pub fn decompress(device: &Device, codec: &dyn Codec, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+pub fn decompress(
+    device: &Device,
+    codec: &dyn Codec,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), CodecError> {
     let header = frame::parse_header(src, dst.len())?;
     if header.codec != codec.id() {
         return Err(CodecError::Corrupt);
     }
     let mut jobs = Vec::with_capacity(header.segments);
-    for ((raw, body), out) in header.segment_bodies(src).zip(dst.chunks_mut(header.segment_len())) {
+    for ((raw, body), out) in header
+        .segment_bodies(src)
+        .zip(dst.chunks_mut(header.segment_len()))
+    {
         if raw {
             out.copy_from_slice(body);
         } else {

@@ -19,7 +19,9 @@ impl std::str::FromStr for Mapping {
         match s {
             "local" => Ok(Mapping::Local),
             "global" => Ok(Mapping::Global),
-            other => Err(format!("unknown mapping {other:?}: expected local or global")),
+            other => Err(format!(
+                "unknown mapping {other:?}: expected local or global"
+            )),
         }
     }
 }

@@ -72,7 +72,9 @@ pub struct Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("config", &self.config).finish()
+        f.debug_struct("Device")
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -87,7 +89,9 @@ impl Device {
     /// Starts a device with `config.engines` engine threads.
     pub fn new(config: DeviceConfig) -> std::io::Result<Device> {
         let shared = Arc::new(Shared {
-            engines: (0..config.engines).map(|_| Engine::new(config.queue_depth)).collect(),
+            engines: (0..config.engines)
+                .map(|_| Engine::new(config.queue_depth))
+                .collect(),
             caller: Default::default(),
             shutdown: Default::default(),
             verify: config.verify,
@@ -111,7 +115,8 @@ impl Device {
 
     /// A device with no engines: every job runs on the caller.
     pub fn synchronous() -> Device {
-        Device::new(DeviceConfig::with_engines(0)).expect("a device without engines starts no thread")
+        Device::new(DeviceConfig::with_engines(0))
+            .expect("a device without engines starts no thread")
     }
 
     /// The configuration the device was started with.
@@ -142,22 +147,41 @@ impl Device {
     }
 
     /// One job, run where the device would run it.
-    pub fn run_one(&self, codec: &dyn Codec, op: Op, src: &[u8], dst: &mut [u8]) -> Result<usize, JobError> {
+    pub fn run_one(
+        &self,
+        codec: &dyn Codec,
+        op: Op,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<usize, JobError> {
         let mut jobs = [Job::new(src, dst)];
         self.run_batch(codec, op, &mut jobs);
-        jobs[0].result.take().expect("a finished batch has every result")
+        jobs[0]
+            .result
+            .take()
+            .expect("a finished batch has every result")
     }
 
     fn run_batch(&self, codec: &dyn Codec, op: Op, jobs: &mut [Job<'_>]) {
         if self.config.engines == 0 {
             for job in jobs.iter_mut() {
-                job.result = Some(self.shared.run_job(codec, op, job.src, job.dst, &self.shared.caller));
+                job.result =
+                    Some(
+                        self.shared
+                            .run_job(codec, op, job.src, job.dst, &self.shared.caller),
+                    );
             }
             return;
         }
         let group = Group::new();
-        let cells: Vec<Cell> = jobs.iter_mut().map(|job| new_cell(codec, op, job, &group)).collect();
-        let guard = WaitGuard { device: self, group: &group };
+        let cells: Vec<Cell> = jobs
+            .iter_mut()
+            .map(|job| new_cell(codec, op, job, &group))
+            .collect();
+        let guard = WaitGuard {
+            device: self,
+            group: &group,
+        };
         for cell in &cells {
             self.submit_cell(cell);
         }
@@ -201,7 +225,10 @@ impl Device {
                 Err(back) => {
                     desc = back;
                     if attempt < self.config.submit_retries {
-                        engine.counters.queue_full_retries.fetch_add(1, Ordering::Relaxed);
+                        engine
+                            .counters
+                            .queue_full_retries
+                            .fetch_add(1, Ordering::Relaxed);
                         std::hint::spin_loop();
                     }
                 }
@@ -257,7 +284,10 @@ impl Device {
     fn recover_stalled(&self) {
         for engine in &self.shared.engines {
             while let Some(desc) = engine.queue.pop() {
-                engine.counters.stall_recoveries.fetch_add(1, Ordering::Relaxed);
+                engine
+                    .counters
+                    .stall_recoveries
+                    .fetch_add(1, Ordering::Relaxed);
                 self.shared.process(desc, &self.shared.caller);
             }
         }
@@ -310,7 +340,12 @@ impl Device {
     /// A snapshot of the counters.
     pub fn stats(&self) -> DeviceStats {
         DeviceStats {
-            engines: self.shared.engines.iter().map(|e| e.counters.snapshot()).collect(),
+            engines: self
+                .shared
+                .engines
+                .iter()
+                .map(|e| e.counters.snapshot())
+                .collect(),
             caller: self.shared.caller.snapshot(),
         }
     }
@@ -348,7 +383,9 @@ fn new_cell(codec: &dyn Codec, op: Op, job: &mut Job<'_>, group: &Group) -> Cell
         op,
         // SAFETY: only the trait object's lifetime is erased; the batch that
         // owns this cell outlives every use of the pointer (module docs).
-        codec: unsafe { std::mem::transmute::<*const (dyn Codec + '_), *const (dyn Codec + 'static)>(codec) },
+        codec: unsafe {
+            std::mem::transmute::<*const (dyn Codec + '_), *const (dyn Codec + 'static)>(codec)
+        },
         src: job.src.as_ptr(),
         src_len: job.src.len(),
         dst: job.dst.as_mut_ptr(),
@@ -468,7 +505,13 @@ impl<'scope> Scope<'scope, '_> {
     ///     s.submit(codec.as_ref(), Op::Compress, &page, &mut out);
     /// });
     /// ```
-    pub fn submit(&self, codec: &'scope dyn Codec, op: Op, src: &'scope [u8], dst: &'scope mut [u8]) -> Ticket<'scope> {
+    pub fn submit(
+        &self,
+        codec: &'scope dyn Codec,
+        op: Op,
+        src: &'scope [u8],
+        dst: &'scope mut [u8],
+    ) -> Ticket<'scope> {
         let mut job = Job::new(src, dst);
         let records = self.records;
         let cell = Box::new(new_cell(codec, op, &mut job, &records.group));

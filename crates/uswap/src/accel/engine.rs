@@ -1,9 +1,9 @@
 //! Engine threads, their work queues, and the job executor they share with
 //! callers that run jobs themselves.
 
+use super::job::JobError;
 use super::job::{Cell, Descriptor, Op, DONE};
 use super::stats::Counters;
-use super::job::JobError;
 use crate::codec::Codec;
 use crossbeam_queue::ArrayQueue;
 use std::cell::RefCell;
@@ -115,14 +115,20 @@ impl Shared {
         counters: &Counters,
     ) -> Result<usize, JobError> {
         let result = match op {
-            Op::Compress => codec.compress(src, dst).map_err(JobError::from).and_then(|n| {
-                self.inject_corruption(&mut dst[..n]);
-                if self.verify {
-                    verify(codec, src, &dst[..n], counters)?;
-                }
-                Ok(n)
-            }),
-            Op::Decompress => codec.decompress(src, dst).map(|()| dst.len()).map_err(JobError::from),
+            Op::Compress => codec
+                .compress(src, dst)
+                .map_err(JobError::from)
+                .and_then(|n| {
+                    self.inject_corruption(&mut dst[..n]);
+                    if self.verify {
+                        verify(codec, src, &dst[..n], counters)?;
+                    }
+                    Ok(n)
+                }),
+            Op::Decompress => codec
+                .decompress(src, dst)
+                .map(|()| dst.len())
+                .map_err(JobError::from),
         };
         let (jobs, out) = match (op, &result) {
             (Op::Compress, Ok(n)) => (&counters.compress_jobs, *n),
@@ -131,7 +137,9 @@ impl Shared {
             (Op::Decompress, Err(_)) => (&counters.decompress_jobs, 0),
         };
         jobs.fetch_add(1, Ordering::Relaxed);
-        counters.bytes_in.fetch_add(src.len() as u64, Ordering::Relaxed);
+        counters
+            .bytes_in
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
         counters.bytes_out.fetch_add(out as u64, Ordering::Relaxed);
         result
     }
@@ -156,7 +164,12 @@ thread_local! {
     static VERIFY_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-fn verify(codec: &dyn Codec, src: &[u8], compressed: &[u8], counters: &Counters) -> Result<(), JobError> {
+fn verify(
+    codec: &dyn Codec,
+    src: &[u8],
+    compressed: &[u8],
+    counters: &Counters,
+) -> Result<(), JobError> {
     let ok = VERIFY_SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
         if scratch.len() < src.len() {
@@ -174,7 +187,11 @@ fn verify(codec: &dyn Codec, src: &[u8], compressed: &[u8], counters: &Counters)
 }
 
 /// Starts engine `index`'s thread.
-pub(crate) fn spawn(shared: Arc<Shared>, index: usize, pin: bool) -> std::io::Result<thread::JoinHandle<()>> {
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    index: usize,
+    pin: bool,
+) -> std::io::Result<thread::JoinHandle<()>> {
     LIVE_ENGINE_THREADS.fetch_add(1, Ordering::SeqCst);
     let spawned = thread::Builder::new()
         .name(format!("uswap-engine-{index}"))

@@ -65,7 +65,11 @@ pub struct Job<'a> {
 impl<'a> Job<'a> {
     /// A job that has not run yet.
     pub fn new(src: &'a [u8], dst: &'a mut [u8]) -> Job<'a> {
-        Job { src, dst, result: None }
+        Job {
+            src,
+            dst,
+            result: None,
+        }
     }
 }
 

@@ -39,7 +39,11 @@ pub fn header_len(n: usize) -> usize {
 }
 
 fn valid_segments(n: usize, len: usize) -> bool {
-    n.is_power_of_two() && n <= MAX_SEGMENTS && len > 0 && len.is_multiple_of(n) && len < RAW_FLAG as usize
+    n.is_power_of_two()
+        && n <= MAX_SEGMENTS
+        && len > 0
+        && len.is_multiple_of(n)
+        && len < RAW_FLAG as usize
 }
 
 /// The length of each segment when a `len`-byte buffer is cut into `n`.
@@ -64,16 +68,28 @@ pub fn segment_len(n: usize, len: usize) -> Result<usize, CodecError> {
 ///
 /// If the segment count is not valid for `original_len` (see
 /// [`segment_len`]) or `dst` is shorter than the header.
-pub fn write_header(dst: &mut [u8], codec: CodecId, original_len: usize, entries: &[(bool, usize)]) -> usize {
+pub fn write_header(
+    dst: &mut [u8],
+    codec: CodecId,
+    original_len: usize,
+    entries: &[(bool, usize)],
+) -> usize {
     let n = entries.len();
-    assert!(valid_segments(n, original_len), "{n} segments of a {original_len}-byte buffer");
+    assert!(
+        valid_segments(n, original_len),
+        "{n} segments of a {original_len}-byte buffer"
+    );
     dst[0] = MAGIC;
     dst[1] = codec as u8;
     dst[2] = n.trailing_zeros() as u8;
     dst[3] = 0;
     dst[4..8].copy_from_slice(&(original_len as u32).to_le_bytes());
     for (i, &(raw, len)) in entries.iter().enumerate() {
-        let entry = if raw { RAW_FLAG | len as u32 } else { len as u32 };
+        let entry = if raw {
+            RAW_FLAG | len as u32
+        } else {
+            len as u32
+        };
         dst[8 + 4 * i..12 + 4 * i].copy_from_slice(&entry.to_le_bytes());
     }
     header_len(n)
@@ -100,7 +116,10 @@ impl Header {
 
     /// Each segment's (stored raw, stored bytes) in `frame`, the frame this
     /// header was parsed from, in order.
-    pub fn segment_bodies<'a>(&'a self, frame: &'a [u8]) -> impl Iterator<Item = (bool, &'a [u8])> + 'a {
+    pub fn segment_bodies<'a>(
+        &'a self,
+        frame: &'a [u8],
+    ) -> impl Iterator<Item = (bool, &'a [u8])> + 'a {
         let mut at = header_len(self.segments);
         self.entries.iter().map(move |&(raw, len)| {
             let body = &frame[at..at + len];
@@ -119,7 +138,8 @@ pub fn parse_header(src: &[u8], expected_len: usize) -> Result<Header, CodecErro
     let codec = CodecId::from_byte(src[1]).ok_or(CodecError::Corrupt)?;
     let n = 1usize << src[2];
     let original_len = u32::from_le_bytes(src[4..8].try_into().expect("4 bytes")) as usize;
-    if original_len != expected_len || !valid_segments(n, original_len) || src.len() < header_len(n) {
+    if original_len != expected_len || !valid_segments(n, original_len) || src.len() < header_len(n)
+    {
         return corrupt;
     }
     let segment = original_len / n;

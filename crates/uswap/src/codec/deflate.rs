@@ -24,7 +24,12 @@ impl DeflateContext {
 
     /// Compresses `src` into at most `capacity` bytes at the front of `dst`
     /// and returns the compressed length, or [`CodecError::DoesNotFit`].
-    pub fn compress(&mut self, src: &[u8], dst: &mut [u8], capacity: usize) -> Result<usize, CodecError> {
+    pub fn compress(
+        &mut self,
+        src: &[u8],
+        dst: &mut [u8],
+        capacity: usize,
+    ) -> Result<usize, CodecError> {
         let capacity = capacity.min(dst.len());
         self.compressor
             .deflate_compress(src, &mut dst[..capacity])
@@ -51,10 +56,16 @@ pub struct Deflate {
 impl Deflate {
     /// libdeflate at `level` (0..=12); `None` for another level.
     pub fn new(level: i32) -> Option<Deflate> {
-        (0..=12).contains(&level).then(|| Deflate { key: new_key(), level })
+        (0..=12).contains(&level).then(|| Deflate {
+            key: new_key(),
+            level,
+        })
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut DeflateContext) -> Result<R, CodecError>) -> Result<R, CodecError> {
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&mut DeflateContext) -> Result<R, CodecError>,
+    ) -> Result<R, CodecError> {
         with_context(self.key, || DeflateContext::new(self.level), f).ok_or(CodecError::Internal)?
     }
 }

@@ -39,7 +39,10 @@ impl Lz4State {
         // SAFETY: `words` is a writable, 8-byte aligned buffer of at least
         // `size` bytes, which is what LZ4_initStream requires.
         let ok = unsafe { LZ4_initStream(words.as_mut_ptr().cast(), size) };
-        assert!(!ok.is_null(), "LZ4_initStream rejected a correctly sized buffer");
+        assert!(
+            !ok.is_null(),
+            "LZ4_initStream rejected a correctly sized buffer"
+        );
         Lz4State { words }
     }
 
@@ -79,7 +82,12 @@ pub fn lz4_decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
     // SAFETY: LZ4_decompress_safe never reads past `src_len` bytes of `src`
     // nor writes past `dst_len` bytes of `dst`, whatever the input.
     let n = unsafe {
-        lz4_sys::LZ4_decompress_safe(src.as_ptr().cast(), dst.as_mut_ptr().cast(), src_len, dst_len)
+        lz4_sys::LZ4_decompress_safe(
+            src.as_ptr().cast(),
+            dst.as_mut_ptr().cast(),
+            src_len,
+            dst_len,
+        )
     };
     if n == dst_len {
         Ok(())
@@ -118,9 +126,13 @@ impl Codec for Lz4 {
 
     fn compress(&self, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
         let capacity = shrink_capacity(src, dst);
-        with_context(self.key, || Some(Lz4State::new()), |state| state.compress(src, dst, capacity))
-            .ok_or(CodecError::Internal)?
-            .ok_or(CodecError::DoesNotFit)
+        with_context(
+            self.key,
+            || Some(Lz4State::new()),
+            |state| state.compress(src, dst, capacity),
+        )
+        .ok_or(CodecError::Internal)?
+        .ok_or(CodecError::DoesNotFit)
     }
 
     fn decompress(&self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {

@@ -58,7 +58,9 @@ pub enum CodecError {
 impl fmt::Display for CodecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CodecError::DoesNotFit => f.write_str("compressed data would not be smaller than the input"),
+            CodecError::DoesNotFit => {
+                f.write_str("compressed data would not be smaller than the input")
+            }
             CodecError::Corrupt => f.write_str("corrupt or truncated compressed data"),
             CodecError::Internal => f.write_str("internal codec failure"),
             CodecError::BadArgument => f.write_str("invalid codec parameters"),

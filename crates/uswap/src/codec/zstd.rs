@@ -32,11 +32,19 @@ impl ZstdContext {
             compressor.set_parameter(parameter).ok()?;
         }
         let decompressor = Decompressor::with_dictionary(dictionary).ok()?;
-        Some(ZstdContext { compressor, decompressor })
+        Some(ZstdContext {
+            compressor,
+            decompressor,
+        })
     }
 
     /// Compresses into at most `capacity` bytes of `dst`.
-    pub fn compress(&mut self, src: &[u8], dst: &mut [u8], capacity: usize) -> Result<usize, CodecError> {
+    pub fn compress(
+        &mut self,
+        src: &[u8],
+        dst: &mut [u8],
+        capacity: usize,
+    ) -> Result<usize, CodecError> {
         let capacity = capacity.min(dst.len());
         self.compressor
             .compress_to_buffer(src, &mut dst[..capacity])
@@ -61,8 +69,12 @@ pub(crate) fn compress_with(
     dst: &mut [u8],
 ) -> Result<usize, CodecError> {
     let capacity = shrink_capacity(src, dst);
-    with_context(key, || ZstdContext::new(level, dictionary), |ctx| ctx.compress(src, dst, capacity))
-        .ok_or(CodecError::Internal)?
+    with_context(
+        key,
+        || ZstdContext::new(level, dictionary),
+        |ctx| ctx.compress(src, dst, capacity),
+    )
+    .ok_or(CodecError::Internal)?
 }
 
 /// Decompression through this thread's context for `key`.
@@ -73,8 +85,12 @@ pub(crate) fn decompress_with(
     src: &[u8],
     dst: &mut [u8],
 ) -> Result<(), CodecError> {
-    with_context(key, || ZstdContext::new(level, dictionary), |ctx| ctx.decompress(src, dst))
-        .ok_or(CodecError::Internal)?
+    with_context(
+        key,
+        || ZstdContext::new(level, dictionary),
+        |ctx| ctx.decompress(src, dst),
+    )
+    .ok_or(CodecError::Internal)?
 }
 
 /// The `zstd` codec.
@@ -87,7 +103,10 @@ pub struct Zstd {
 impl Zstd {
     /// zstd at `level`; `None` for a level zstd does not have.
     pub fn new(level: i32) -> Option<Zstd> {
-        LEVELS.contains(&level).then(|| Zstd { key: new_key(), level })
+        LEVELS.contains(&level).then(|| Zstd {
+            key: new_key(),
+            level,
+        })
     }
 
     /// The compression level.

@@ -78,14 +78,18 @@ impl RuntimeConfig {
     pub fn slack(&self) -> usize {
         let plug = self.compress_batchsize.max(1) * self.folio_size;
         let readahead = (self.fillers + 1) * (1usize << self.page_cluster) * self.folio_size;
-        (2 * plug + readahead).max(self.memory_high / 64).max(1 << 20)
+        (2 * plug + readahead)
+            .max(self.memory_high / 64)
+            .max(1 << 20)
     }
 
     /// Checks the knobs against each other.
     pub fn validate(&self) -> Result<(), BadConfig> {
         let fs = self.folio_size;
         if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
-            return Err(BadConfig(format!("folio_size {fs}: expected a power of two from 4k to 2M")));
+            return Err(BadConfig(format!(
+                "folio_size {fs}: expected a power of two from 4k to 2M"
+            )));
         }
         if !(1..=32).contains(&self.compress_batchsize) {
             return Err(BadConfig("compress_batchsize must be 1..=32".into()));

@@ -21,7 +21,9 @@
 //! ("extras": recorded for the folio's owner or its next swap-in, see
 //! [`super::space`].)
 
-use super::folio::{self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING};
+use super::folio::{
+    self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
+};
 use super::space::{Extras, Owner, RegionInner, Space};
 use super::uffd::Uffd;
 use super::Shared;
@@ -86,7 +88,10 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         let f = &region.folios[i];
         let w = f.load();
         if hi - lo < pages {
-            shared.counters.partial_folio_events.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .partial_folio_events
+                .fetch_add(1, Ordering::Relaxed);
         }
         match folio::state(w) {
             RESIDENT if hi - lo == pages => {
@@ -100,13 +105,19 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
                 let x = space.extras_of(&region, i, f.load());
                 if x.holes().covers(pages) {
-                    let after = if x.unmapped.covers(pages) { GONE } else { UNTOUCHED };
+                    let after = if x.unmapped.covers(pages) {
+                        GONE
+                    } else {
+                        UNTOUCHED
+                    };
                     space.take_extras(&region, i);
                     f.set(after);
                     shared.store.invalidate(region.slots_of(w));
                 }
             }
-            EVICTING | LOADING | ZEROING | INHERITING => space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi)),
+            EVICTING | LOADING | ZEROING | INHERITING => {
+                space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi))
+            }
             _ => {}
         }
     }
@@ -117,9 +128,16 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
-        record_unmapped(&region, lo * PAGE_SIZE + region.folio_addr(i) - region.base(), (hi - lo) * PAGE_SIZE);
+        record_unmapped(
+            &region,
+            lo * PAGE_SIZE + region.folio_addr(i) - region.base(),
+            (hi - lo) * PAGE_SIZE,
+        );
         if hi - lo < pages {
-            shared.counters.partial_folio_events.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .partial_folio_events
+                .fetch_add(1, Ordering::Relaxed);
         }
         let f = &region.folios[i];
         let w = f.load();
@@ -135,7 +153,9 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
                     shared.store.invalidate(region.slots_of(w));
                 }
             }
-            EVICTING | LOADING | ZEROING | INHERITING => space.update_extras(&region, i, |x| x.unmapped.insert_range(lo, hi)),
+            EVICTING | LOADING | ZEROING | INHERITING => {
+                space.update_extras(&region, i, |x| x.unmapped.insert_range(lo, hi))
+            }
             UNTOUCHED | POISONED => f.set(GONE),
             _ => {}
         }
@@ -146,7 +166,11 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
 /// region, so that dropping the region never unmaps what may since belong to
 /// an unrelated mapping.
 fn record_unmapped(region: &RegionInner, offset: usize, len: usize) {
-    region.unmapped.lock().expect("unmapped lock").push((offset, offset + len));
+    region
+        .unmapped
+        .lock()
+        .expect("unmapped lock")
+        .push((offset, offset + len));
 }
 
 /// A resident folio leaves the bookkeeping: its pages stay where they are,
@@ -159,14 +183,23 @@ fn untrack_resident(shared: &Shared, space: &Space, region: &RegionInner, i: usi
 
 fn uncount_resident(shared: &Shared, space: &Space, region: &RegionInner) {
     if space.owner == Owner::Runtime {
-        shared.resident.fetch_sub(region.folio_size, Ordering::AcqRel);
+        shared
+            .resident
+            .fetch_sub(region.folio_size, Ordering::AcqRel);
     }
 }
 
 /// The program moved `len` bytes from `from` to `to` (mremap). A whole
 /// region moves with its folios; folios a move cuts through leave the
 /// bookkeeping once their pages are where they now belong.
-pub(crate) fn on_remap(shared: &Shared, space: &Arc<Space>, from: usize, to: usize, len: usize, follow_ups: &mut Vec<FollowUp>) {
+pub(crate) fn on_remap(
+    shared: &Shared,
+    space: &Arc<Space>,
+    from: usize,
+    to: usize,
+    len: usize,
+    follow_ups: &mut Vec<FollowUp>,
+) {
     // A thread waiting on a fault in the old range waits on the old
     // addresses, which no install will wake now: wake it to retry.
     super::swapin::wake_range(space, from, len);
@@ -182,8 +215,15 @@ pub(crate) fn on_remap(shared: &Shared, space: &Arc<Space>, from: usize, to: usi
     for (region, i) in folios_in(space, from, from + len) {
         let (lo, hi) = covered(&region, i, from, from + len);
         let dest = to + (region.folio_addr(i) + lo * PAGE_SIZE - from);
-        record_unmapped(&region, lo * PAGE_SIZE + region.folio_addr(i) - region.base(), (hi - lo) * PAGE_SIZE);
-        shared.counters.partial_folio_events.fetch_add(1, Ordering::Relaxed);
+        record_unmapped(
+            &region,
+            lo * PAGE_SIZE + region.folio_addr(i) - region.base(),
+            (hi - lo) * PAGE_SIZE,
+        );
+        shared
+            .counters
+            .partial_folio_events
+            .fetch_add(1, Ordering::Relaxed);
         let f = &region.folios[i];
         let w = f.load();
         match folio::state(w) {
@@ -199,7 +239,9 @@ pub(crate) fn on_remap(shared: &Shared, space: &Arc<Space>, from: usize, to: usi
                     folio: i,
                 });
             }
-            EVICTING | LOADING | ZEROING | INHERITING => space.update_extras(&region, i, |x| x.moved.push((lo, hi, dest))),
+            EVICTING | LOADING | ZEROING | INHERITING => {
+                space.update_extras(&region, i, |x| x.moved.push((lo, hi, dest)))
+            }
             _ => {}
         }
     }
@@ -213,8 +255,16 @@ pub(crate) fn on_fork(shared: &Shared, parent: &Space, child: Uffd) -> Arc<Space
     let space = Arc::new(Space::new(shared.next_space_id(), child, Owner::Child));
     let mut regions = Vec::new();
     for r in parent.regions.read().expect("regions lock").iter() {
-        let copy = Arc::new(RegionInner::new(r.id, r.base(), r.len, r.folio_size, UNTOUCHED, false));
-        *copy.unmapped.lock().expect("unmapped lock") = r.unmapped.lock().expect("unmapped lock").clone();
+        let copy = Arc::new(RegionInner::new(
+            r.id,
+            r.base(),
+            r.len,
+            r.folio_size,
+            UNTOUCHED,
+            false,
+        ));
+        *copy.unmapped.lock().expect("unmapped lock") =
+            r.unmapped.lock().expect("unmapped lock").clone();
         for (i, f) in r.folios.iter().enumerate() {
             let w = f.load();
             let extras = parent.extras_of(r, i, w);
@@ -223,14 +273,20 @@ pub(crate) fn on_fork(shared: &Shared, parent: &Space, child: Uffd) -> Arc<Space
                 RESIDENT => RESIDENT,
                 // A load in progress has installed some pages, which the
                 // child has; it shares the entries for the others.
-                SWAPPED | LOADING if shared.store.share(r.slots_of(w)) => folio::with_slot(SWAPPED, folio::slot(w)),
+                SWAPPED | LOADING if shared.store.share(r.slots_of(w)) => {
+                    folio::with_slot(SWAPPED, folio::slot(w))
+                }
                 SWAPPED | LOADING => panic!("a swapped folio's entries are gone at fork"),
                 EVICTING | INHERITING => {
-                    shared.inheritors.lock().expect("inheritors lock").push(Inheritor {
-                        from: (parent.id, r.id, i),
-                        space: Arc::downgrade(&space),
-                        region: copy.clone(),
-                    });
+                    shared
+                        .inheritors
+                        .lock()
+                        .expect("inheritors lock")
+                        .push(Inheritor {
+                            from: (parent.id, r.id, i),
+                            space: Arc::downgrade(&space),
+                            region: copy.clone(),
+                        });
                     INHERITING
                 }
                 POISONED => POISONED,
@@ -255,18 +311,29 @@ fn is_empty(x: &Extras) -> bool {
 /// A busy folio of `space` ended as `outcome`: its inheritors in forked
 /// children take it over (and theirs, recursively). Runs under the gate's
 /// read side (the owner's finish) or write side.
-pub(crate) fn resolve_inheritors(shared: &Shared, space: u32, region: u32, i: usize, outcome: Outcome, follow_ups: &mut Vec<FollowUp>) {
+pub(crate) fn resolve_inheritors(
+    shared: &Shared,
+    space: u32,
+    region: u32,
+    i: usize,
+    outcome: Outcome,
+    follow_ups: &mut Vec<FollowUp>,
+) {
     let heirs: Vec<Inheritor> = {
         let mut all = shared.inheritors.lock().expect("inheritors lock");
         if all.is_empty() {
             return;
         }
-        let (mine, rest) = std::mem::take(&mut *all).into_iter().partition(|h| h.from == (space, region, i));
+        let (mine, rest) = std::mem::take(&mut *all)
+            .into_iter()
+            .partition(|h| h.from == (space, region, i));
         *all = rest;
         mine
     };
     for heir in heirs {
-        let Some(child) = heir.space.upgrade() else { continue };
+        let Some(child) = heir.space.upgrade() else {
+            continue;
+        };
         let f = &heir.region.folios[i];
         let extras = child.extras_of(&heir.region, i, f.load());
         let pages = heir.region.pages_per_folio() as usize;
@@ -279,12 +346,21 @@ pub(crate) fn resolve_inheritors(shared: &Shared, space: u32, region: u32, i: us
                     RESIDENT
                 }
             }
-            Outcome::Swapped(_) if !child.alive.load(Ordering::Acquire) || extras.holes().covers(pages) => {
+            Outcome::Swapped(_)
+                if !child.alive.load(Ordering::Acquire) || extras.holes().covers(pages) =>
+            {
                 child.take_extras(&heir.region, i);
-                if extras.unmapped.covers(pages) { GONE } else { UNTOUCHED }
+                if extras.unmapped.covers(pages) {
+                    GONE
+                } else {
+                    UNTOUCHED
+                }
             }
             Outcome::Swapped(word) => {
-                assert!(shared.store.share(heir.region.slots_of(word)), "an evicted folio's entries are gone");
+                assert!(
+                    shared.store.share(heir.region.slots_of(word)),
+                    "an evicted folio's entries are gone"
+                );
                 if extras.moved.is_empty() {
                     folio::with_slot(SWAPPED, folio::slot(word)) | (f.load() & folio::EXTRA)
                 } else {
@@ -325,5 +401,8 @@ pub(crate) fn release_space(shared: &Shared, space: &Space) {
             space.take_extras(region, i);
         }
     }
-    shared.counters.children_exited.fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .children_exited
+        .fetch_add(1, Ordering::Relaxed);
 }

@@ -15,7 +15,9 @@
 //! released ([`super::events`]); faults are queued and served after.
 
 use super::events::{self, FollowUp};
-use super::folio::{self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING};
+use super::folio::{
+    self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
+};
 use super::space::{Owner, Space};
 use super::swapin::{self, Pass, Server, SwappedIn, Worker};
 use super::uffd::{Event, Partial, UffdError};
@@ -54,6 +56,9 @@ struct EventThread<'a> {
     /// Events read and not yet applied, and the index of each one's space.
     raw: Vec<Event>,
     origin: Vec<u32>,
+    /// One entry per space, for poll; grown only under the gate (never
+    /// while the program forks: see `read_pending`).
+    pollfds: Vec<libc::pollfd>,
 }
 
 /// Events one read takes at most.
@@ -110,10 +115,15 @@ impl EventThread<'_> {
                     }
                 }
                 Event::Unmap { start, end } => events::on_unmap(shared, space, start, end),
-                Event::Remap { from, to, len } => events::on_remap(shared, space, from, to, len, &mut self.follow_ups),
+                Event::Remap { from, to, len } => {
+                    events::on_remap(shared, space, from, to, len, &mut self.follow_ups)
+                }
                 Event::Fork { child } => {
                     let child = events::on_fork(shared, space, child);
-                    shared.spaces.write().expect("spaces lock").push(child);
+                    let mut all = shared.spaces.write().expect("spaces lock");
+                    all.push(child);
+                    self.pollfds
+                        .reserve(all.len().saturating_sub(self.pollfds.len()));
                 }
             }
         }
@@ -131,7 +141,9 @@ impl EventThread<'_> {
         self.shared.reads.fetch_add(1, Ordering::AcqRel);
         let mut read = 0;
         for (k, space) in spaces.iter().enumerate() {
-            if !space.alive.load(Ordering::Acquire) || self.raw.len() + READ_BATCH > self.raw.capacity() {
+            if !space.alive.load(Ordering::Acquire)
+                || self.raw.len() + READ_BATCH > self.raw.capacity()
+            {
                 continue;
             }
             match space.uffd.read_events(&mut self.raw) {
@@ -166,7 +178,9 @@ impl EventThread<'_> {
         let shared = self.shared;
         // Never block on the gate here (see `read_pending`): try later. Held
         // before anything is allocated.
-        let Ok(_gate) = shared.gate.try_write() else { return };
+        let Ok(_gate) = shared.gate.try_write() else {
+            return;
+        };
         let gone: Vec<Arc<Space>> = shared
             .spaces
             .read()
@@ -181,7 +195,11 @@ impl EventThread<'_> {
         for space in &gone {
             events::release_space(shared, space);
         }
-        shared.spaces.write().expect("spaces lock").retain(|s| !gone.iter().any(|g| g.id == s.id));
+        shared
+            .spaces
+            .write()
+            .expect("spaces lock")
+            .retain(|s| !gone.iter().any(|g| g.id == s.id));
     }
 }
 
@@ -196,7 +214,11 @@ impl Server for EventThread<'_> {
         if self.pass.is_some() {
             Some(Pass::Held)
         } else {
-            shared.gate.try_read().ok().map(|g| Pass::Taken { _guard: g })
+            shared
+                .gate
+                .try_read()
+                .ok()
+                .map(|g| Pass::Taken { _guard: g })
         }
     }
 
@@ -218,23 +240,34 @@ pub(crate) fn event_loop(shared: &Shared) {
         follow_ups: Vec::new(),
         raw: Vec::with_capacity(PENDING_EVENTS),
         origin: Vec::with_capacity(PENDING_EVENTS),
+        pollfds: Vec::with_capacity(64),
     };
     let mut checked = Instant::now();
-    let mut pollfds: Vec<libc::pollfd> = Vec::with_capacity(64);
+    shared.thread_started();
     while !shared.shutdown.load(Ordering::Acquire) {
         if checked.elapsed() >= CHILD_CHECK {
             ev.reap_children();
             checked = Instant::now();
         }
         if ev.backlog.is_empty() && ev.follow_ups.is_empty() {
+            let pollfds = &mut ev.pollfds;
             pollfds.clear();
-            pollfds.extend(shared.spaces.read().expect("spaces lock").iter().map(|s| libc::pollfd {
-                fd: s.uffd.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            pollfds.extend(shared.spaces.read().expect("spaces lock").iter().map(|s| {
+                libc::pollfd {
+                    fd: s.uffd.raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                }
             }));
             // SAFETY: `pollfds` is a valid array of its length for the call.
-            if unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, POLL_TIMEOUT_MS) } <= 0 {
+            if unsafe {
+                libc::poll(
+                    pollfds.as_mut_ptr(),
+                    pollfds.len() as libc::nfds_t,
+                    POLL_TIMEOUT_MS,
+                )
+            } <= 0
+            {
                 continue;
             }
             ev.read_pending();
@@ -256,6 +289,7 @@ pub(crate) fn event_loop(shared: &Shared) {
 }
 
 pub(crate) fn filler_loop(shared: &Shared) {
+    shared.thread_started();
     loop {
         let fault = {
             let (queue, cv) = &shared.faults;
@@ -267,7 +301,10 @@ pub(crate) fn filler_loop(shared: &Shared) {
                 if shared.shutdown.load(Ordering::Acquire) {
                     return;
                 }
-                q = cv.wait_timeout(q, Duration::from_millis(100)).expect("fault queue lock").0;
+                q = cv
+                    .wait_timeout(q, Duration::from_millis(100))
+                    .expect("fault queue lock")
+                    .0;
             }
         };
         handle_fault(shared, &fault, &mut Worker);
@@ -291,8 +328,15 @@ enum Step {
 /// its waiters; a page already there is left alone.
 fn zero_page(space: &Space, page: usize, wp: bool) -> Step {
     match space.uffd.copy(page, &ZERO_PAGE, wp) {
-        Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => {}
-        Err(Partial { error: UffdError::Again, .. }) => return Step::Again,
+        Ok(())
+        | Err(Partial {
+            error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone,
+            ..
+        }) => {}
+        Err(Partial {
+            error: UffdError::Again,
+            ..
+        }) => return Step::Again,
         Err(p) => panic!("installing a zero page at {page:#x}: {}", p.error),
     }
     swapin::wake_range(space, page, PAGE_SIZE);
@@ -302,8 +346,15 @@ fn zero_page(space: &Space, page: usize, wp: bool) -> Step {
 /// Marks one missing page poisoned and wakes its waiters.
 fn poison_page(space: &Space, page: usize) -> Step {
     match space.uffd.poison(page, PAGE_SIZE) {
-        Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone, .. }) => {}
-        Err(Partial { error: UffdError::Again, .. }) => return Step::Again,
+        Ok(())
+        | Err(Partial {
+            error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone,
+            ..
+        }) => {}
+        Err(Partial {
+            error: UffdError::Again,
+            ..
+        }) => return Step::Again,
         Err(p) => panic!("poisoning {page:#x}: {}", p.error),
     }
     swapin::wake_range(space, page, PAGE_SIZE);
@@ -341,12 +392,18 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
 fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
     let space = &*fault.space;
     let page = page_floor(fault.addr);
-    let Some(gate) = server.enter(shared) else { return Step::Again };
+    let Some(gate) = server.enter(shared) else {
+        return Step::Again;
+    };
     let Some((region, i)) = space.lookup(fault.addr) else {
         // Registered memory no region tracks (moved out of a region by a
         // cut, or grown by mremap): fresh anonymous memory reads as zero,
         // and a stale write protection is lifted.
-        return if fault.wp { unprotect(space, page) } else { zero_page(space, page, false) };
+        return if fault.wp {
+            unprotect(space, page)
+        } else {
+            zero_page(space, page, false)
+        };
     };
     let f = &region.folios[i];
     if fault.wp {
@@ -355,7 +412,11 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
         // with it (it wakes the folio's range); any other protection is
         // stale (a child's copy of a page its parent was evicting, or a
         // folio whose eviction missed after a move).
-        return if folio::state(f.load()) == EVICTING { Step::Done } else { unprotect(space, page) };
+        return if folio::state(f.load()) == EVICTING {
+            Step::Done
+        } else {
+            unprotect(space, page)
+        };
     }
     let own = space.owner == Owner::Runtime;
     loop {
@@ -376,9 +437,13 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
                         swapin::zero_fill(shared, space, &region, i, server);
                         return Step::Done;
                     }
-                } else if f.transition(w, folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA)) {
+                } else if f.transition(
+                    w,
+                    folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA),
+                ) {
                     drop(gate);
-                    if swapin::swap_in(shared, space, &region, i, server) == SwappedIn::Done && own {
+                    if swapin::swap_in(shared, space, &region, i, server) == SwappedIn::Done && own
+                    {
                         readahead(shared, space, &region, i, server);
                     }
                     return Step::Done;
@@ -390,7 +455,9 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
             // The reclaimer copying out a folio with a hole in it: the zero
             // page it gets is write-protected like the rest of the folio, so
             // a write racing the eviction waits instead of being dropped.
-            EVICTING if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) => return zero_page(space, page, true),
+            EVICTING if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) => {
+                return zero_page(space, page, true)
+            }
             POISONED => return poison_page(space, page),
             // Busy folios: their owner wakes the range when done, and this
             // thread's fault is retried then.
@@ -402,7 +469,13 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
 
 /// Brings in the next swapped folios of the region (2^page_cluster - 1 of
 /// them), while memory is under its limit.
-fn readahead(shared: &Shared, space: &Space, region: &super::space::RegionInner, i: usize, server: &mut dyn Server) {
+fn readahead(
+    shared: &Shared,
+    space: &Space,
+    region: &super::space::RegionInner,
+    i: usize,
+    server: &mut dyn Server,
+) {
     let window = (1usize << shared.config.page_cluster) - 1;
     for j in i + 1..(i + 1 + window).min(region.folios.len()) {
         if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.config.memory_high {
@@ -410,11 +483,19 @@ fn readahead(shared: &Shared, space: &Space, region: &super::space::RegionInner,
         }
         let f = &region.folios[j];
         let w = f.load();
-        if folio::state(w) != SWAPPED || !f.transition(w, folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA)) {
+        if folio::state(w) != SWAPPED
+            || !f.transition(
+                w,
+                folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA),
+            )
+        {
             continue;
         }
         if swapin::swap_in(shared, space, region, j, server) == SwappedIn::Done {
-            shared.counters.swap_ra.fetch_add(region.pages_per_folio() as u64, Ordering::Relaxed);
+            shared
+                .counters
+                .swap_ra
+                .fetch_add(region.pages_per_folio() as u64, Ordering::Relaxed);
         }
     }
 }
@@ -439,6 +520,9 @@ fn throttle(shared: &Shared, incoming: usize) {
         shared.kick_reclaim();
         let (lock, cv) = &shared.reclaimed;
         let guard = lock.lock().expect("reclaimed lock");
-        drop(cv.wait_timeout(guard, Duration::from_millis(5)).expect("reclaimed lock"));
+        drop(
+            cv.wait_timeout(guard, Duration::from_millis(5))
+                .expect("reclaimed lock"),
+        );
     }
 }

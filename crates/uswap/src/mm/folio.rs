@@ -89,7 +89,9 @@ impl Folio {
 
     /// Moves from exactly `from` to `to`.
     pub fn transition(&self, from: u64, to: u64) -> bool {
-        self.0.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        self.0
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Sets the word (only by the thread that owns the folio's busy state,

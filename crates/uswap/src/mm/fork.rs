@@ -18,8 +18,8 @@
 //!   touches nothing (their descriptors act on the parent).
 
 use super::Shared;
-use std::sync::atomic::Ordering;
 use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Once, RwLockWriteGuard, Weak};
 
 /// Every live runtime of the process.
@@ -56,7 +56,12 @@ pub(crate) fn register(shared: &Arc<Shared>) {
 
 extern "C" fn prepare() {
     let one = ONE_FORK.lock().expect("fork lock");
-    let runtimes: Vec<Arc<Shared>> = RUNTIMES.lock().expect("runtimes lock").iter().filter_map(Weak::upgrade).collect();
+    let runtimes: Vec<Arc<Shared>> = RUNTIMES
+        .lock()
+        .expect("runtimes lock")
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
     let mut prepared = Vec::with_capacity(runtimes.len());
     for shared in runtimes {
         if shared.shutdown.load(Ordering::Acquire) || shared.forked_copy.load(Ordering::Acquire) {
@@ -73,7 +78,9 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn parent() {
-    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else { return };
+    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
+        return;
+    };
     for (guard, shared) in prepared {
         shared.fork_pending.store(false, Ordering::Release);
         drop(guard);
@@ -85,7 +92,9 @@ extern "C" fn child() {
     // The child's copies of the runtimes only need to know they are copies;
     // their locks are released (by this same thread) so that the child may
     // fork in turn.
-    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else { return };
+    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
+        return;
+    };
     for (guard, shared) in prepared {
         shared.forked_copy.store(true, Ordering::Release);
         drop(guard);

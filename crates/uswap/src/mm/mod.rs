@@ -141,6 +141,9 @@ pub(crate) struct Shared {
     /// Handles (the runtime and its regions) still held by users.
     users: AtomicUsize,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Threads that have made their start-up allocations (see
+    /// [`Shared::thread_started`]).
+    started: (Mutex<usize>, Condvar),
 }
 
 /// The compressed paging runtime.
@@ -174,8 +177,11 @@ impl Runtime {
             writeback_worker: true,
             ..ZswapConfig::default()
         };
-        let store = Zswap::new(store_config, device, backing).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let uffd = Uffd::open(Features { fork: config.serve_forks })?;
+        let store = Zswap::new(store_config, device, backing)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let uffd = Uffd::open(Features {
+            fork: config.serve_forks,
+        })?;
         let shared = Arc::new(Shared {
             store,
             gate: RwLock::new(()),
@@ -199,14 +205,19 @@ impl Runtime {
             forked_copy: AtomicBool::new(false),
             users: AtomicUsize::new(1),
             threads: Mutex::new(Vec::new()),
+            started: (Mutex::new(0), Condvar::new()),
             config,
         });
-        let runtime = Runtime { shared: shared.clone() };
+        let runtime = Runtime {
+            shared: shared.clone(),
+        };
         fork::register(&shared);
         // On error, dropping `runtime` stops the threads already started.
         let spawn = |name: String, f: fn(&Shared)| -> io::Result<()> {
             let s = shared.clone();
-            let handle = std::thread::Builder::new().name(name.clone()).spawn(move || fail_loudly(&name, || f(&s)))?;
+            let handle = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || fail_loudly(&name, || f(&s)))?;
             shared.threads.lock().expect("threads lock").push(handle);
             Ok(())
         };
@@ -215,6 +226,18 @@ impl Runtime {
             spawn(format!("uswap-fill-{i}"), fault::filler_loop)?;
         }
         spawn("uswap-reclaim".into(), reclaim::reclaim_loop)?;
+        // A thread's first allocation takes glibc's arena list lock, which a
+        // fork holds from before it enters the kernel until the event thread
+        // has read its event: a program that forked before the event thread
+        // had allocated its first bytes would hang. So the runtime is handed
+        // out only once every thread is past its start-up allocations.
+        let spawned = shared.threads.lock().expect("threads lock").len();
+        let (count, cv) = &shared.started;
+        let guard = count.lock().expect("started lock");
+        drop(
+            cv.wait_while(guard, |n| *n < spawned)
+                .expect("started lock"),
+        );
         Ok(runtime)
     }
 
@@ -266,7 +289,10 @@ impl Runtime {
         let fs = self.shared.config.folio_size;
         let base = ptr as usize;
         if !base.is_multiple_of(fs) || !len.is_multiple_of(fs) || len == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "manage: the range must be whole, aligned folios"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "manage: the range must be whole, aligned folios",
+            ));
         }
         self.register(base, len, folio::RESIDENT, false)
     }
@@ -275,21 +301,39 @@ impl Runtime {
         let shared = &self.shared;
         let own = shared.own_space();
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
-        let inner = Arc::new(RegionInner::new(id, base, len, shared.config.folio_size, initial, owned));
-        own.regions.write().expect("regions lock").push(inner.clone());
+        let inner = Arc::new(RegionInner::new(
+            id,
+            base,
+            len,
+            shared.config.folio_size,
+            initial,
+            owned,
+        ));
+        own.regions
+            .write()
+            .expect("regions lock")
+            .push(inner.clone());
         if let Err(e) = own.uffd.register(base, len) {
-            own.regions.write().expect("regions lock").retain(|r| r.id != id);
+            own.regions
+                .write()
+                .expect("regions lock")
+                .retain(|r| r.id != id);
             if owned {
                 // SAFETY: our own mapping, never handed out.
                 unsafe { libc::munmap(base as *mut _, len) };
             }
-            return Err(io::Error::other(format!("registering with userfaultfd: {e}")));
+            return Err(io::Error::other(format!(
+                "registering with userfaultfd: {e}"
+            )));
         }
         if initial == folio::RESIDENT {
             shared.resident.fetch_add(len, Ordering::AcqRel);
             let mut fifo = shared.fifo.lock().expect("fifo lock");
             for f in 0..inner.folios.len() {
-                fifo.push_back(FolioRef { region: id, folio: f as u32 });
+                fifo.push_back(FolioRef {
+                    region: id,
+                    folio: f as u32,
+                });
             }
             drop(fifo);
             shared.kick_reclaim();
@@ -354,9 +398,17 @@ fn fail_loudly(name: &str, body: impl FnOnce()) {
 impl Shared {
     /// A snapshot of every counter.
     pub fn stats(&self) -> RuntimeStats {
-        let children = self.spaces.read().expect("spaces lock").len().saturating_sub(1) as u64;
-        self.counters
-            .snapshot(self.store.stats(), self.resident.load(Ordering::Relaxed) as u64, children)
+        let children = self
+            .spaces
+            .read()
+            .expect("spaces lock")
+            .len()
+            .saturating_sub(1) as u64;
+        self.counters.snapshot(
+            self.store.stats(),
+            self.resident.load(Ordering::Relaxed) as u64,
+            children,
+        )
     }
 
     /// The runtime's own address space.
@@ -378,12 +430,15 @@ impl Shared {
 
     /// The reclaimer is about to MADV_DONTNEED `start..start + len`.
     fn begin_own_drop(&self, start: usize, len: usize) {
-        self.own_drops.lock().expect("own drops lock").push(OwnDrop {
-            start,
-            end: start + len,
-            unattributed: len,
-            returned_at: None,
-        });
+        self.own_drops
+            .lock()
+            .expect("own drops lock")
+            .push(OwnDrop {
+                start,
+                end: start + len,
+                unattributed: len,
+                returned_at: None,
+            });
     }
 
     /// The reclaimer's MADV_DONTNEED of `start` returned.
@@ -394,6 +449,15 @@ impl Shared {
             .find(|d| d.start == start && d.returned_at.is_none())
             .expect("the drop was registered");
         d.returned_at = Some(self.reads.load(Ordering::Acquire));
+    }
+
+    /// Called by each runtime thread once it has made its start-up
+    /// allocations (from here on it allocates only where a fork cannot be
+    /// waiting on it).
+    pub fn thread_started(&self) {
+        let (count, cv) = &self.started;
+        *count.lock().expect("started lock") += 1;
+        cv.notify_all();
     }
 
     /// After the event thread has applied every read up to read number
@@ -413,7 +477,10 @@ impl Shared {
             return false;
         }
         let mut drops = self.own_drops.lock().expect("own drops lock");
-        match drops.iter_mut().find(|d| start >= d.start && end <= d.end && end - start <= d.unattributed) {
+        match drops
+            .iter_mut()
+            .find(|d| start >= d.start && end <= d.end && end - start <= d.unattributed)
+        {
             Some(d) => {
                 d.unattributed -= end - start;
                 true
@@ -439,7 +506,10 @@ impl Shared {
                     folio::EVICTING | folio::LOADING | folio::ZEROING => std::thread::yield_now(),
                     folio::SWAPPED if !region.owned => {
                         // The caller's mapping gets its data back.
-                        if f.transition(w, folio::with_slot(folio::LOADING, folio::slot(w)) | (w & folio::EXTRA)) {
+                        if f.transition(
+                            w,
+                            folio::with_slot(folio::LOADING, folio::slot(w)) | (w & folio::EXTRA),
+                        ) {
                             swapin::swap_in(self, &own, region, i, &mut Worker);
                         }
                     }
@@ -465,7 +535,10 @@ impl Shared {
                 }
             }
         }
-        own.regions.write().expect("regions lock").retain(|r| r.id != region.id);
+        own.regions
+            .write()
+            .expect("regions lock")
+            .retain(|r| r.id != region.id);
         let base = region.base();
         let mut gaps = region.unmapped.lock().expect("unmapped lock").clone();
         gaps.sort_unstable();
@@ -495,7 +568,9 @@ impl Shared {
 
     /// Drops one user handle; the last one stops the threads.
     fn release_user(&self) {
-        if self.users.fetch_sub(1, Ordering::AcqRel) != 1 || self.forked_copy.load(Ordering::Acquire) {
+        if self.users.fetch_sub(1, Ordering::AcqRel) != 1
+            || self.forked_copy.load(Ordering::Acquire)
+        {
             return;
         }
         self.shutdown.store(true, Ordering::Release);

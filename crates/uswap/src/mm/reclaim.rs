@@ -64,6 +64,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     // After a plug the store refused entirely: how long to pause, from when.
     let mut backoff = Duration::ZERO;
     let mut refused_at = Instant::now();
+    shared.thread_started();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
             release_plug(&mut plug);
@@ -71,15 +72,28 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
         }
         let over = shared.resident.load(Ordering::Acquire) > shared.config.memory_high;
         let pause_left = backoff.saturating_sub(refused_at.elapsed());
-        let victim = if over && pause_left.is_zero() { next_victim(&own, shared) } else { None };
+        let victim = if over && pause_left.is_zero() {
+            next_victim(&own, shared)
+        } else {
+            None
+        };
         let flush_now = match &victim {
             Some(v) => {
                 if v.region.folio_size >= 2 << 20 && !plug.is_empty() {
-                    flush_and_pace(shared, &own, &mut plug, &mut staging, &mut backoff, &mut refused_at);
+                    flush_and_pace(
+                        shared,
+                        &own,
+                        &mut plug,
+                        &mut staging,
+                        &mut backoff,
+                        &mut refused_at,
+                    );
                 }
                 false
             }
-            None => !plug.is_empty() && (plugged_at.elapsed() >= shared.config.plug_timeout || !over),
+            None => {
+                !plug.is_empty() && (plugged_at.elapsed() >= shared.config.plug_timeout || !over)
+            }
         };
         if let Some(v) = victim {
             if plug.is_empty() {
@@ -87,12 +101,26 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             }
             plug.push(v);
             if plug.len() >= shared.config.compress_batchsize {
-                flush_and_pace(shared, &own, &mut plug, &mut staging, &mut backoff, &mut refused_at);
+                flush_and_pace(
+                    shared,
+                    &own,
+                    &mut plug,
+                    &mut staging,
+                    &mut backoff,
+                    &mut refused_at,
+                );
             }
             continue;
         }
         if flush_now {
-            flush_and_pace(shared, &own, &mut plug, &mut staging, &mut backoff, &mut refused_at);
+            flush_and_pace(
+                shared,
+                &own,
+                &mut plug,
+                &mut staging,
+                &mut backoff,
+                &mut refused_at,
+            );
             continue;
         }
         if over && plug.is_empty() && pause_left.is_zero() {
@@ -110,7 +138,10 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
         let (lock, cv) = &shared.reclaim_signal;
         let mut kicked = lock.lock().expect("reclaim signal lock");
         if !*kicked || !pause_left.is_zero() {
-            kicked = cv.wait_timeout(kicked, wait).expect("reclaim signal lock").0;
+            kicked = cv
+                .wait_timeout(kicked, wait)
+                .expect("reclaim signal lock")
+                .0;
         }
         *kicked = false;
     }
@@ -131,7 +162,10 @@ fn flush_and_pace(
     } else {
         *backoff = (*backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
         *refused_at = Instant::now();
-        shared.counters.reclaim_backoffs.fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters
+            .reclaim_backoffs
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -139,7 +173,9 @@ fn flush_and_pace(
 fn next_victim(own: &Space, shared: &Shared) -> Option<Victim> {
     loop {
         let FolioRef { region, folio: i } = shared.fifo.lock().expect("fifo lock").pop_front()?;
-        let Some(region) = own.region(region) else { continue };
+        let Some(region) = own.region(region) else {
+            continue;
+        };
         let i = i as usize;
         let f = &region.folios[i];
         let w = f.load();
@@ -157,7 +193,12 @@ fn next_victim(own: &Space, shared: &Shared) -> Option<Victim> {
         if !f.transition(w, EVICTING | (w & folio::EXTRA)) {
             continue;
         }
-        return Some(Victim { region, folio: i, addr: 0, moves: 0 });
+        return Some(Victim {
+            region,
+            folio: i,
+            addr: 0,
+            moves: 0,
+        });
     }
 }
 
@@ -171,7 +212,9 @@ fn runs(plug: &[Victim], include: impl Fn(usize) -> bool) -> Vec<(usize, usize)>
         }
         match out.last_mut() {
             Some((first, count))
-                if *first + *count == k && plug[*first].region.id == v.region.id && plug[*first].folio + *count == v.folio =>
+                if *first + *count == k
+                    && plug[*first].region.id == v.region.id
+                    && plug[*first].folio + *count == v.folio =>
             {
                 *count += 1
             }
@@ -213,7 +256,9 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
             Ok(()) => {}
             // The range is gone: these folios stay as they were, and the
             // unmap event says what became of them.
-            Err(UffdError::NoMapping | UffdError::ProcessGone) => protected[run.0..run.0 + run.1].fill(false),
+            Err(UffdError::NoMapping | UffdError::ProcessGone) => {
+                protected[run.0..run.0 + run.1].fill(false)
+            }
             Err(e) => panic!("write-protecting {start:#x}+{len:#x}: {e}"),
         }
     }
@@ -248,7 +293,10 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
             }
         }
     }
-    shared.counters.reclaim_batches.fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .reclaim_batches
+        .fetch_add(1, Ordering::Relaxed);
 
     // Drop the stored folios, a run of adjacent ones at a time. The event
     // thread attributes the REMOVE events this raises to the reclaimer.
@@ -262,7 +310,10 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
         // the rest; the unmap event says what became of the folios). Any
         // other failure would leave stored folios in memory: a bug.
         if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM) {
-            panic!("MADV_DONTNEED of {start:#x}+{len:#x}: {}", std::io::Error::last_os_error());
+            panic!(
+                "MADV_DONTNEED of {start:#x}+{len:#x}: {}",
+                std::io::Error::last_os_error()
+            );
         }
         shared.end_own_drop(start);
     }
@@ -280,7 +331,14 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
 /// it meanwhile, hands it to forked children that inherited it, publishes its
 /// state, then wakes the writers held on its protection. Returns whether the
 /// folio left memory.
-fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, result: Result<SlotRange, StoreError>, was_protected: bool) -> bool {
+fn finish_folio(
+    shared: &Shared,
+    own: &Space,
+    region: &RegionInner,
+    i: usize,
+    result: Result<SlotRange, StoreError>,
+    was_protected: bool,
+) -> bool {
     let f = &region.folios[i];
     let fs = region.folio_size;
     let pages = region.pages_per_folio() as usize;
@@ -307,12 +365,22 @@ fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, re
     let mut bring_back = false;
     match stored {
         Some(range) => {
-            let clock = shared.evictions.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            let clock = shared
+                .evictions
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1);
             region.evicted_at[i].store(clock, Ordering::Relaxed);
             shared.resident.fetch_sub(fs, Ordering::AcqRel);
-            shared.counters.evicted_folios.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .evicted_folios
+                .fetch_add(1, Ordering::Relaxed);
             if extras.holes().covers(pages) {
-                f.set(if extras.unmapped.covers(pages) { GONE } else { UNTOUCHED });
+                f.set(if extras.unmapped.covers(pages) {
+                    GONE
+                } else {
+                    UNTOUCHED
+                });
                 shared.store.invalidate(range);
             } else if !extras.moved.is_empty() {
                 // Pages moved away meanwhile: put them where they live now.
@@ -327,7 +395,10 @@ fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, re
             }
         }
         None => {
-            shared.counters.eviction_refused.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .eviction_refused
+                .fetch_add(1, Ordering::Relaxed);
             if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
                 f.set(GONE);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
@@ -369,7 +440,12 @@ fn finish_folio(shared: &Shared, own: &Space, region: &RegionInner, i: usize, re
 /// then in the bookkeeping, so a folio's address is where its pages are.
 /// The probe write-protects `start..start + len` of an evicting folio again,
 /// which changes nothing but answers EAGAIN while an event is unread.
-fn settled_gate<'a>(shared: &'a Shared, own: &Space, start: usize, len: usize) -> std::sync::RwLockReadGuard<'a, ()> {
+fn settled_gate<'a>(
+    shared: &'a Shared,
+    own: &Space,
+    start: usize,
+    len: usize,
+) -> std::sync::RwLockReadGuard<'a, ()> {
     loop {
         let gate = shared.gate.read().expect("event gate");
         match own.uffd.write_protect(start, len, true) {
@@ -420,7 +496,16 @@ fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
         // SAFETY: the local iovecs cover `staging`; the remote ones name
         // this process's memory, which the kernel checks (an unmapped range
         // is an error, not a fault).
-        let n = unsafe { libc::process_vm_readv(libc::getpid(), l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0) };
+        let n = unsafe {
+            libc::process_vm_readv(
+                libc::getpid(),
+                l.as_ptr(),
+                l.len() as _,
+                r.as_ptr(),
+                r.len() as _,
+                0,
+            )
+        };
         if n < 0 {
             return false;
         }

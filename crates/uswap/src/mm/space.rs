@@ -49,7 +49,14 @@ pub(crate) struct RegionInner {
 
 impl RegionInner {
     /// A region of `len / folio_size` folios in state `initial`.
-    pub fn new(id: u32, base: usize, len: usize, folio_size: usize, initial: u64, owned: bool) -> RegionInner {
+    pub fn new(
+        id: u32,
+        base: usize,
+        len: usize,
+        folio_size: usize,
+        initial: u64,
+        owned: bool,
+    ) -> RegionInner {
         let n = len / folio_size;
         RegionInner {
             id,
@@ -124,10 +131,15 @@ impl Extras {
     /// Where page `p` of a folio at `folio_addr` lives now, or None if it
     /// must not be installed.
     pub fn destination(&self, folio_addr: usize, p: usize) -> Option<usize> {
-        if let Some(&(lo, _, to)) = self.moved.iter().find(|&&(lo, hi, _)| (lo..hi).contains(&p)) {
+        if let Some(&(lo, _, to)) = self
+            .moved
+            .iter()
+            .find(|&&(lo, hi, _)| (lo..hi).contains(&p))
+        {
             return Some(to + (p - lo) * PAGE_SIZE);
         }
-        (!self.removed.contains(p) && !self.unmapped.contains(p)).then_some(folio_addr + p * PAGE_SIZE)
+        (!self.removed.contains(p) && !self.unmapped.contains(p))
+            .then_some(folio_addr + p * PAGE_SIZE)
     }
 }
 
@@ -189,7 +201,12 @@ impl Space {
 
     /// The region with `id`.
     pub fn region(&self, id: u32) -> Option<Arc<RegionInner>> {
-        self.regions.read().expect("regions lock").iter().find(|r| r.id == id).cloned()
+        self.regions
+            .read()
+            .expect("regions lock")
+            .iter()
+            .find(|r| r.id == id)
+            .cloned()
     }
 
     /// Changes a folio's extras (creating them) and sets [`EXTRA`].
@@ -204,12 +221,21 @@ impl Space {
         if word & EXTRA == 0 {
             return Extras::default();
         }
-        self.extras.lock().expect("extras lock").get(&(region.id, i)).cloned().unwrap_or_default()
+        self.extras
+            .lock()
+            .expect("extras lock")
+            .get(&(region.id, i))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Removes a folio's extras and clears [`EXTRA`]; returns them.
     pub fn take_extras(&self, region: &RegionInner, i: usize) -> Extras {
-        let taken = self.extras.lock().expect("extras lock").remove(&(region.id, i));
+        let taken = self
+            .extras
+            .lock()
+            .expect("extras lock")
+            .remove(&(region.id, i));
         region.folios[i].clear_flag(EXTRA);
         taken.unwrap_or_default()
     }

@@ -147,13 +147,19 @@ pub(crate) fn install(
         let at = region.folio_addr(i);
         let mut p = 0;
         while p < pages {
-            let Some(dst) = (!done.contains(p)).then(|| extras.destination(at, p)).flatten() else {
+            let Some(dst) = (!done.contains(p))
+                .then(|| extras.destination(at, p))
+                .flatten()
+            else {
                 done.insert_range(p, p + 1);
                 p += 1;
                 continue;
             };
             let mut q = p + 1;
-            while q < pages && !done.contains(q) && extras.destination(at, q) == Some(dst + (q - p) * PAGE_SIZE) {
+            while q < pages
+                && !done.contains(q)
+                && extras.destination(at, q) == Some(dst + (q - p) * PAGE_SIZE)
+            {
                 q += 1;
             }
             match fill(space, dst, p, q, source) {
@@ -175,18 +181,34 @@ pub(crate) fn install(
                         // no mapping: go page by page; a page with no
                         // mapping was unmapped and is skipped.
                         UffdError::NoMapping if q - k > 1 => {
-                            shared.counters.split_installs.fetch_add(1, Ordering::Relaxed);
+                            shared
+                                .counters
+                                .split_installs
+                                .fetch_add(1, Ordering::Relaxed);
                             for page in k..q {
                                 let d = dst + (page - p) * PAGE_SIZE;
                                 match fill(space, d, page, page + 1, source) {
-                                    Ok(()) | Err(Partial { error: UffdError::Exists | UffdError::NoMapping, .. }) => {}
-                                    Err(Partial { error: UffdError::Again, .. }) => {
+                                    Ok(())
+                                    | Err(Partial {
+                                        error: UffdError::Exists | UffdError::NoMapping,
+                                        ..
+                                    }) => {}
+                                    Err(Partial {
+                                        error: UffdError::Again,
+                                        ..
+                                    }) => {
                                         drop(gate);
                                         server.on_eagain();
                                         continue 'attempts;
                                     }
-                                    Err(Partial { error: UffdError::ProcessGone, .. }) => return Installed::SpaceGone,
-                                    Err(Partial { error: UffdError::Os(e), .. }) => panic!("installing a page at {d:#x}: {e}"),
+                                    Err(Partial {
+                                        error: UffdError::ProcessGone,
+                                        ..
+                                    }) => return Installed::SpaceGone,
+                                    Err(Partial {
+                                        error: UffdError::Os(e),
+                                        ..
+                                    }) => panic!("installing a page at {d:#x}: {e}"),
                                 }
                                 done.insert_range(page, page + 1);
                             }
@@ -210,7 +232,12 @@ pub(crate) fn install(
         finish(&extras);
         drop(gate);
         let mut wake = vec![(at, region.folio_size)];
-        wake.extend(extras.moved.iter().map(|&(lo, hi, to)| (to, (hi - lo) * PAGE_SIZE)));
+        wake.extend(
+            extras
+                .moved
+                .iter()
+                .map(|&(lo, hi, to)| (to, (hi - lo) * PAGE_SIZE)),
+        );
         return Installed::Done(Wake(wake));
     }
 }
@@ -218,7 +245,9 @@ pub(crate) fn install(
 /// One fill ioctl of pages `p..q` of the source at `dst`.
 fn fill(space: &Space, dst: usize, p: usize, q: usize, source: Source<'_>) -> Result<(), Partial> {
     match source {
-        Source::Data(data) => space.uffd.copy(dst, &data[p * PAGE_SIZE..q * PAGE_SIZE], false),
+        Source::Data(data) => space
+            .uffd
+            .copy(dst, &data[p * PAGE_SIZE..q * PAGE_SIZE], false),
         Source::Poison => space.uffd.poison(dst, (q - p) * PAGE_SIZE),
     }
 }
@@ -249,15 +278,28 @@ fn settled_state(extras: &Extras, pages: usize) -> u64 {
 
 /// Publishes a folio whose pages are in place (under the gate): its new
 /// state, resident accounting and reclaim order for the runtime's own space.
-fn publish_settled(shared: &Shared, space: &Space, region: &RegionInner, i: usize, extras: &Extras, active: bool) {
+fn publish_settled(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    extras: &Extras,
+    active: bool,
+) {
     let state = settled_state(extras, region.pages_per_folio() as usize);
     // A settled folio keeps no extras: its holes are missing pages, which
     // read as zero (resident) or are no longer ours (gone).
     space.take_extras(region, i);
     let resident = state == RESIDENT && space.owner == Owner::Runtime;
-    region.folios[i].set(if resident && active { RESIDENT | ACTIVE } else { state });
+    region.folios[i].set(if resident && active {
+        RESIDENT | ACTIVE
+    } else {
+        state
+    });
     if resident {
-        shared.resident.fetch_add(region.folio_size, Ordering::AcqRel);
+        shared
+            .resident
+            .fetch_add(region.folio_size, Ordering::AcqRel);
         shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
             region: region.id,
             folio: i as u32,
@@ -269,15 +311,27 @@ fn publish_settled(shared: &Shared, space: &Space, region: &RegionInner, i: usiz
 }
 
 /// First touch of an untouched folio (owned as ZEROING): zero pages.
-pub(crate) fn zero_fill(shared: &Shared, space: &Space, region: &RegionInner, i: usize, server: &mut dyn Server) {
+pub(crate) fn zero_fill(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    server: &mut dyn Server,
+) {
     // Real zeroed pages rather than the shared zero page: the first write to
     // a zero-page mapping is a copy-on-write fault whose TLB flush
     // interrupts every CPU running the process, which costs more than the
     // copy.
     let outcome = with_zero_folio(region.folio_size, |zeros| {
-        install(shared, space, region, i, Source::Data(zeros), server, &mut |extras| {
-            publish_settled(shared, space, region, i, extras, false)
-        })
+        install(
+            shared,
+            space,
+            region,
+            i,
+            Source::Data(zeros),
+            server,
+            &mut |extras| publish_settled(shared, space, region, i, extras, false),
+        )
     });
     shared.counters.zero_fills.fetch_add(1, Ordering::Relaxed);
     match outcome {
@@ -299,7 +353,13 @@ pub(crate) enum SwappedIn {
 
 /// Brings folio `i` (owned by the caller as LOADING, the word holding its
 /// slots) back in, then drops this space's reference to its entries.
-pub(crate) fn swap_in(shared: &Shared, space: &Space, region: &RegionInner, i: usize, server: &mut dyn Server) -> SwappedIn {
+pub(crate) fn swap_in(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    server: &mut dyn Server,
+) -> SwappedIn {
     let word = region.folios[i].load();
     debug_assert_eq!(folio::state(word), LOADING);
     let range = region.slots_of(word);
@@ -317,12 +377,23 @@ pub(crate) fn swap_in(shared: &Shared, space: &Space, region: &RegionInner, i: u
         let now = shared.evictions.load(Ordering::Relaxed);
         let distance = now.wrapping_sub(region.evicted_at[i].load(Ordering::Relaxed)) as usize;
         let active = distance < shared.config.memory_high / region.folio_size;
-        Some(install(shared, space, region, i, Source::Data(buf), server, &mut |extras| {
-            publish_settled(shared, space, region, i, extras, active);
-            if active {
-                shared.counters.refaults_activated.fetch_add(1, Ordering::Relaxed);
-            }
-        }))
+        Some(install(
+            shared,
+            space,
+            region,
+            i,
+            Source::Data(buf),
+            server,
+            &mut |extras| {
+                publish_settled(shared, space, region, i, extras, active);
+                if active {
+                    shared
+                        .counters
+                        .refaults_activated
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        ))
     });
     match read {
         Some(Installed::Done(wake)) => {
@@ -337,10 +408,18 @@ pub(crate) fn swap_in(shared: &Shared, space: &Space, region: &RegionInner, i: u
             SwappedIn::SpaceGone
         }
         None => {
-            let outcome = install(shared, space, region, i, Source::Poison, server, &mut |_| {
-                space.take_extras(region, i);
-                region.folios[i].set(POISONED);
-            });
+            let outcome = install(
+                shared,
+                space,
+                region,
+                i,
+                Source::Poison,
+                server,
+                &mut |_| {
+                    space.take_extras(region, i);
+                    region.folios[i].set(POISONED);
+                },
+            );
             // The entries cannot produce the data; holding them helps nobody.
             shared.store.invalidate(range);
             shared.counters.sigbus.fetch_add(1, Ordering::Relaxed);

@@ -265,7 +265,8 @@ impl Uffd {
     pub fn open(features: Features) -> io::Result<Uffd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         // SAFETY: opening a device node by a NUL-terminated path.
-        let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        let dev =
+            unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         let raw = if dev >= 0 {
             // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its argument and
             // returns a new descriptor.
@@ -279,10 +280,15 @@ impl Uffd {
         };
         if raw < 0 {
             let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("userfaultfd unavailable: {e}")));
+            return Err(io::Error::new(
+                e.kind(),
+                format!("userfaultfd unavailable: {e}"),
+            ));
         }
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(raw) } };
+        let uffd = Uffd {
+            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+        };
         let mut wanted = FEATURE_PAGEFAULT_FLAG_WP
             | FEATURE_EVENT_REMAP
             | FEATURE_EVENT_REMOVE
@@ -298,8 +304,14 @@ impl Uffd {
             ioctls: 0,
         };
         uffd.ioctl(UFFDIO_API, &mut api).map_err(|e| {
-            let hint = if features.fork { " (fork events need CAP_SYS_PTRACE)" } else { "" };
-            io::Error::other(format!("UFFDIO_API with write-protect and events{hint}: {e}"))
+            let hint = if features.fork {
+                " (fork events need CAP_SYS_PTRACE)"
+            } else {
+                ""
+            };
+            io::Error::other(format!(
+                "UFFDIO_API with write-protect and events{hint}: {e}"
+            ))
         })?;
         Ok(uffd)
     }
@@ -387,7 +399,10 @@ impl Uffd {
     pub fn is_alive(&self) -> bool {
         // An empty range is refused before the address space is looked at,
         // so probe one page far from anything mapped (ENOENT when alive).
-        !matches!(self.write_protect(0, PAGE_SIZE, false), Err(UffdError::ProcessGone))
+        !matches!(
+            self.write_protect(0, PAGE_SIZE, false),
+            Err(UffdError::ProcessGone)
+        )
     }
 
     /// Reads the pending events without blocking and appends them to `out`;
@@ -403,7 +418,13 @@ impl Uffd {
         }; BATCH];
         // SAFETY: `buf` is writable for its length in bytes; RawMsg is plain
         // data whose every bit pattern is valid.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), std::mem::size_of_val(&buf)) };
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                std::mem::size_of_val(&buf),
+            )
+        };
         if n < 0 {
             return match UffdError::last() {
                 UffdError::Again => Ok(0),
@@ -423,7 +444,9 @@ impl Uffd {
                 EVENT_FORK => Event::Fork {
                     // SAFETY: the kernel installed this descriptor in our
                     // table for this message; nothing else owns it.
-                    child: Uffd { fd: unsafe { OwnedFd::from_raw_fd(arg[0] as u32 as i32) } },
+                    child: Uffd {
+                        fd: unsafe { OwnedFd::from_raw_fd(arg[0] as u32 as i32) },
+                    },
                 },
                 EVENT_REMAP => Event::Remap {
                     from: arg[0] as usize,
@@ -438,7 +461,11 @@ impl Uffd {
                     start: arg[0] as usize,
                     end: arg[1] as usize,
                 },
-                other => return Err(UffdError::Os(io::Error::other(format!("unknown userfaultfd event {other:#x}")))),
+                other => {
+                    return Err(UffdError::Os(io::Error::other(format!(
+                        "unknown userfaultfd event {other:#x}"
+                    ))))
+                }
             });
         }
         Ok(count)

@@ -65,7 +65,12 @@ impl SwapFile {
         let (file, direct) = match open(libc::O_DIRECT) {
             Ok(f) => (f, true),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0)?, false),
-            Err(e) => return Err(io::Error::new(e.kind(), format!("creating a swap file in {}: {e}", dir.display()))),
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("creating a swap file in {}: {e}", dir.display()),
+                ))
+            }
         };
         let slots = u32::try_from(bytes / SLOT_SIZE as u64).unwrap_or(u32::MAX);
         let len = slots as u64 * SLOT_SIZE as u64;
@@ -75,10 +80,19 @@ impl SwapFile {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EOPNOTSUPP) => file.set_len(len)?,
-                _ => return Err(io::Error::new(e.kind(), format!("preallocating {len} bytes of swap: {e}"))),
+                _ => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("preallocating {len} bytes of swap: {e}"),
+                    ))
+                }
             }
         }
-        Ok(SwapFile { file, direct, slots })
+        Ok(SwapFile {
+            file,
+            direct,
+            slots,
+        })
     }
 
     /// Whether transfers bypass the page cache.
@@ -90,7 +104,10 @@ impl SwapFile {
         if slot < self.slots {
             Ok(slot as u64 * SLOT_SIZE as u64)
         } else {
-            Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {slot} beyond the swap file")))
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot {slot} beyond the swap file"),
+            ))
         }
     }
 }
@@ -109,7 +126,10 @@ impl Backing for SwapFile {
         if n == SLOT_SIZE {
             Ok(())
         } else {
-            Err(io::Error::new(io::ErrorKind::WriteZero, format!("short write of slot {slot}: {n} bytes")))
+            Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write of slot {slot}: {n} bytes"),
+            ))
         }
     }
 
@@ -127,7 +147,10 @@ impl Backing for SwapFile {
         if n == SLOT_SIZE {
             Ok(())
         } else {
-            Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read of slot {slot}: {n} bytes")))
+            Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short read of slot {slot}: {n} bytes"),
+            ))
         }
     }
 
@@ -167,12 +190,18 @@ impl MemBacking {
 
     /// The next write fails with `fault`.
     pub fn fail_next_write(&self, fault: Fault) {
-        self.write_faults.lock().expect("fault lock").insert(0, fault);
+        self.write_faults
+            .lock()
+            .expect("fault lock")
+            .insert(0, fault);
     }
 
     /// The next read fails with `fault`.
     pub fn fail_next_read(&self, fault: Fault) {
-        self.read_faults.lock().expect("fault lock").insert(0, fault);
+        self.read_faults
+            .lock()
+            .expect("fault lock")
+            .insert(0, fault);
     }
 
     /// Pages holding data.
@@ -192,7 +221,10 @@ impl MemBacking {
 impl Backing for MemBacking {
     fn write_page(&self, slot: u32, page: &[u8]) -> io::Result<()> {
         if slot >= self.slots {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "slot beyond the backing"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "slot beyond the backing",
+            ));
         }
         if let Some(fault) = self.write_faults.lock().expect("fault lock").pop() {
             if fault == Fault::ShortWrite {
@@ -202,7 +234,10 @@ impl Backing for MemBacking {
             }
             return Err(Self::error(fault));
         }
-        self.pages.lock().expect("pages lock").insert(slot, page.to_vec());
+        self.pages
+            .lock()
+            .expect("pages lock")
+            .insert(slot, page.to_vec());
         Ok(())
     }
 
@@ -215,7 +250,10 @@ impl Backing for MemBacking {
                 out.copy_from_slice(p);
                 Ok(())
             }
-            None => Err(io::Error::new(io::ErrorKind::NotFound, format!("slot {slot} was never written"))),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("slot {slot} was never written"),
+            )),
         }
     }
 

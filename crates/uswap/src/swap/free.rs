@@ -46,7 +46,9 @@ impl std::str::FromStr for FreeMode {
             "immediate" => Ok(FreeMode::Immediate),
             "batched" => Ok(FreeMode::Batched),
             "async" => Ok(FreeMode::Async),
-            other => Err(format!("unknown slot free mode {other:?}: expected immediate, batched or async")),
+            other => Err(format!(
+                "unknown slot free mode {other:?}: expected immediate, batched or async"
+            )),
         }
     }
 }
@@ -129,14 +131,21 @@ pub struct SlotReleaser {
 
 impl SlotReleaser {
     /// A releaser into `allocator`; `hook` runs for each slot as it is freed.
-    pub fn new(mode: FreeMode, allocator: Arc<SlotAllocator>, hook: Option<FreeHook>) -> std::io::Result<SlotReleaser> {
+    pub fn new(
+        mode: FreeMode,
+        allocator: Arc<SlotAllocator>,
+        hook: Option<FreeHook>,
+    ) -> std::io::Result<SlotReleaser> {
         let counters = Arc::new(FreeCounters::default());
         let freer = Arc::new(Freer { allocator, hook });
         let worker = if mode == FreeMode::Async {
             let w = Arc::new(Worker {
                 held: Mutex::new(false),
                 released: Condvar::new(),
-                mailbox: Mutex::new(Mailbox { batch: None, stop: false }),
+                mailbox: Mutex::new(Mailbox {
+                    batch: None,
+                    stop: false,
+                }),
                 wake: Condvar::new(),
                 idle: Condvar::new(),
                 busy: AtomicBool::new(false),
@@ -152,7 +161,9 @@ impl SlotReleaser {
         Ok(SlotReleaser {
             mode,
             freer,
-            caches: (0..SHARD_COUNT).map(|_| Mutex::new(Vec::with_capacity(RETURN_CACHE))).collect(),
+            caches: (0..SHARD_COUNT)
+                .map(|_| Mutex::new(Vec::with_capacity(RETURN_CACHE)))
+                .collect(),
             worker,
             counters,
         })
@@ -179,11 +190,15 @@ impl SlotReleaser {
         self.counters.released.fetch_add(1, Ordering::Relaxed);
         if self.mode == FreeMode::Immediate {
             self.freer.free(slot);
-            self.counters.freed_immediately.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .freed_immediately
+                .fetch_add(1, Ordering::Relaxed);
             return;
         }
         let full = {
-            let mut cache = self.caches[thread_shard()].lock().expect("return cache lock");
+            let mut cache = self.caches[thread_shard()]
+                .lock()
+                .expect("return cache lock");
             cache.push(slot);
             if cache.len() < RETURN_CACHE {
                 return;
@@ -193,12 +208,16 @@ impl SlotReleaser {
         match &self.worker {
             Some((worker, _)) => {
                 if let Err(full) = self.hand_off(worker, full) {
-                    self.counters.async_direct_frees.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .async_direct_frees
+                        .fetch_add(1, Ordering::Relaxed);
                     self.freer.free_all(&full);
                 }
             }
             None => {
-                self.counters.cache_flushes_by_caller.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .cache_flushes_by_caller
+                    .fetch_add(1, Ordering::Relaxed);
                 self.freer.free_all(&full);
             }
         }
@@ -255,7 +274,9 @@ fn worker_loop(worker: &Worker, freer: &Freer, counters: &FreeCounters) {
             }
             drop(held);
             freer.free_all(&batch);
-            counters.freed_by_worker.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            counters
+                .freed_by_worker
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
             mailbox = worker.mailbox.lock().expect("mailbox lock");
             worker.busy.store(false, Ordering::Release);
             worker.idle.notify_all();

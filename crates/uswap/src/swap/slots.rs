@@ -51,7 +51,10 @@ impl Cluster {
                 if word == u64::MAX {
                     return None;
                 }
-                (0..64).step_by(n).find(|&b| word & (mask << b) == 0).map(|b| w * 64 + b)
+                (0..64)
+                    .step_by(n)
+                    .find(|&b| word & (mask << b) == 0)
+                    .map(|b| w * 64 + b)
             })?
         };
         self.mark(offset, n, true);
@@ -144,7 +147,9 @@ impl SlotAllocator {
             clusters,
             free_clusters: Mutex::new(free),
             nonfull,
-            current: (0..SHARDS).map(|_| std::array::from_fn(|_| AtomicU32::new(NONE))).collect(),
+            current: (0..SHARDS)
+                .map(|_| std::array::from_fn(|_| AtomicU32::new(NONE)))
+                .collect(),
             counters: AllocCounters::default(),
         }
     }
@@ -185,7 +190,9 @@ impl SlotAllocator {
             .or_else(|| self.alloc_from_lists(order, current))
             .or_else(|| (order == 0).then(|| self.scan_any_free()).flatten());
         if slot.is_some() {
-            self.counters.allocated.fetch_add(1 << order, Ordering::Relaxed);
+            self.counters
+                .allocated
+                .fetch_add(1 << order, Ordering::Relaxed);
         }
         slot
     }
@@ -194,15 +201,25 @@ impl SlotAllocator {
         loop {
             let next = self.nonfull[order].lock().expect("nonfull lock").pop();
             let Some(index) = next else { break };
-            self.clusters[index as usize].lock().expect("cluster lock").listed_nonfull = false;
+            self.clusters[index as usize]
+                .lock()
+                .expect("cluster lock")
+                .listed_nonfull = false;
             if let Some(slot) = self.try_cluster(index, order) {
                 current.store(index, Ordering::Relaxed);
                 return Some(slot);
             }
         }
         loop {
-            let index = self.free_clusters.lock().expect("free cluster lock").pop()?;
-            self.clusters[index as usize].lock().expect("cluster lock").listed_free = false;
+            let index = self
+                .free_clusters
+                .lock()
+                .expect("free cluster lock")
+                .pop()?;
+            self.clusters[index as usize]
+                .lock()
+                .expect("cluster lock")
+                .listed_free = false;
             if let Some(slot) = self.try_cluster(index, order) {
                 current.store(index, Ordering::Relaxed);
                 return Some(slot);
@@ -216,7 +233,11 @@ impl SlotAllocator {
         for (i, c) in self.clusters.iter().enumerate() {
             let mut c = c.lock().expect("cluster lock");
             if (c.used as usize) < CLUSTER_SLOTS {
-                let w = c.used_bits.iter().position(|&w| w != u64::MAX).expect("a free bit");
+                let w = c
+                    .used_bits
+                    .iter()
+                    .position(|&w| w != u64::MAX)
+                    .expect("a free bit");
                 let b = (!c.used_bits[w]).trailing_zeros() as usize;
                 c.mark(w * 64 + b, 1, true);
                 if c.order.is_none() {
@@ -232,22 +253,33 @@ impl SlotAllocator {
     pub fn free_run(&self, first: u32, count: usize) {
         let index = first as usize / CLUSTER_SLOTS;
         let offset = first as usize % CLUSTER_SLOTS;
-        assert!(offset + count <= CLUSTER_SLOTS, "a run never crosses clusters");
+        assert!(
+            offset + count <= CLUSTER_SLOTS,
+            "a run never crosses clusters"
+        );
         let mut c = self.clusters[index].lock().expect("cluster lock");
         c.mark(offset, count, false);
-        self.counters.freed.fetch_add(count as u64, Ordering::Relaxed);
+        self.counters
+            .freed
+            .fetch_add(count as u64, Ordering::Relaxed);
         if c.used == c.reserved {
             c.order = None;
             if !c.listed_free {
                 c.listed_free = true;
                 drop(c);
-                self.free_clusters.lock().expect("free cluster lock").push(index as u32);
+                self.free_clusters
+                    .lock()
+                    .expect("free cluster lock")
+                    .push(index as u32);
             }
         } else if !c.listed_nonfull {
             c.listed_nonfull = true;
             let order = c.order.expect("a used cluster has an order") as usize;
             drop(c);
-            self.nonfull[order].lock().expect("nonfull lock").push(index as u32);
+            self.nonfull[order]
+                .lock()
+                .expect("nonfull lock")
+                .push(index as u32);
         }
     }
 
@@ -258,12 +290,15 @@ impl SlotAllocator {
 
     /// Slots currently allocated.
     pub fn in_use(&self) -> u64 {
-        self.counters.allocated.load(Ordering::Relaxed) - self.counters.freed.load(Ordering::Relaxed)
+        self.counters.allocated.load(Ordering::Relaxed)
+            - self.counters.freed.load(Ordering::Relaxed)
     }
 
     /// Whether `slot` is allocated.
     pub fn is_allocated(&self, slot: u32) -> bool {
-        let c = self.clusters[slot as usize / CLUSTER_SLOTS].lock().expect("cluster lock");
+        let c = self.clusters[slot as usize / CLUSTER_SLOTS]
+            .lock()
+            .expect("cluster lock");
         let s = slot as usize % CLUSTER_SLOTS;
         c.used_bits[s / 64] & (1 << (s % 64)) != 0
     }

@@ -44,14 +44,19 @@ fn best_shape(size: usize) -> ClassShape {
         .unwrap_or_else(|| {
             (1..=MAX_PAGES_PER_ZSPAGE)
                 .map(shape)
-                .fold(shape(1), |best, s| if used(s) > used(best) { s } else { best })
+                .fold(
+                    shape(1),
+                    |best, s| if used(s) > used(best) { s } else { best },
+                )
         })
 }
 
 /// The merged classes, and for each 16-byte size step the class it maps to.
 pub(crate) fn build() -> (Vec<ClassShape>, Vec<u8>) {
     let steps = (MAX_SIZE - MIN_SIZE) / STEP + 1;
-    let shapes: Vec<ClassShape> = (0..steps).map(|i| best_shape(MIN_SIZE + i * STEP)).collect();
+    let shapes: Vec<ClassShape> = (0..steps)
+        .map(|i| best_shape(MIN_SIZE + i * STEP))
+        .collect();
     let mut classes: Vec<ClassShape> = Vec::new();
     let mut step_to_class = vec![0u8; steps];
     // From the largest down: a step whose shape equals the class above it
@@ -101,10 +106,14 @@ mod tests {
         let (classes, _) = build();
         for w in classes.windows(2) {
             assert!(w[0].size < w[1].size);
-            assert!((w[0].pages_per_zspage, w[0].objs_per_zspage) != (w[1].pages_per_zspage, w[1].objs_per_zspage));
+            assert!(
+                (w[0].pages_per_zspage, w[0].objs_per_zspage)
+                    != (w[1].pages_per_zspage, w[1].objs_per_zspage)
+            );
         }
         for c in &classes {
-            let used = (c.size * c.objs_per_zspage) as f64 / (c.pages_per_zspage * PAGE_SIZE) as f64;
+            let used =
+                (c.size * c.objs_per_zspage) as f64 / (c.pages_per_zspage * PAGE_SIZE) as f64;
             assert!(used > 0.85 || c.size > 3000, "{c:?} uses {used:.2}");
         }
         assert_eq!(classes.last().unwrap().size, PAGE_SIZE);

@@ -67,13 +67,18 @@ impl HandleTable {
     pub fn new() -> HandleTable {
         HandleTable {
             chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
-            free: Mutex::new(Free { ids: Vec::new(), next: 0 }),
+            free: Mutex::new(Free {
+                ids: Vec::new(),
+                next: 0,
+            }),
         }
     }
 
     fn word(&self, h: Handle) -> &AtomicU64 {
         let i = h.0 as usize;
-        let chunk = self.chunks[i / CHUNK].get().expect("a handle's chunk exists");
+        let chunk = self.chunks[i / CHUNK]
+            .get()
+            .expect("a handle's chunk exists");
         &chunk[i % CHUNK]
     }
 
@@ -88,7 +93,8 @@ impl HandleTable {
                 if chunk >= MAX_CHUNKS {
                     return None;
                 }
-                self.chunks[chunk].get_or_init(|| (0..CHUNK).map(|_| AtomicU64::new(FREE)).collect());
+                self.chunks[chunk]
+                    .get_or_init(|| (0..CHUNK).map(|_| AtomicU64::new(FREE)).collect());
                 free.next += 1;
                 id
             }

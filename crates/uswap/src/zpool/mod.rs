@@ -70,7 +70,9 @@ struct Class {
 
 impl Class {
     fn zspage(&mut self, id: u32) -> &mut ZsPage {
-        self.zspages[id as usize].as_mut().expect("a live zspage id")
+        self.zspages[id as usize]
+            .as_mut()
+            .expect("a live zspage id")
     }
 
     fn list_partial(&mut self, id: u32) {
@@ -94,7 +96,9 @@ impl Class {
     }
 
     fn slot_ptr(&self, zspage: u32, slot: u16) -> *mut u8 {
-        let zs = self.zspages[zspage as usize].as_ref().expect("a live zspage id");
+        let zs = self.zspages[zspage as usize]
+            .as_ref()
+            .expect("a live zspage id");
         // SAFETY: slot < objs_per_zspage, so the offset stays inside the
         // zspage's pages.
         unsafe { zs.base.as_ptr().add(slot as usize * self.shape.size) }
@@ -126,11 +130,16 @@ impl Class {
     }
 
     fn is_full(&self, id: u32) -> bool {
-        self.zspages[id as usize].as_ref().expect("a live zspage id").used as usize == self.shape.objs_per_zspage
+        self.zspages[id as usize]
+            .as_ref()
+            .expect("a live zspage id")
+            .used as usize
+            == self.shape.objs_per_zspage
     }
 
     fn metadata_bytes(&self) -> usize {
-        self.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>() + (self.free_ids.capacity() + self.partial.capacity()) * 4
+        self.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>()
+            + (self.free_ids.capacity() + self.partial.capacity()) * 4
     }
 }
 
@@ -236,14 +245,27 @@ impl Pool {
 
     fn new_zspage(&self, class: &mut Class) -> Result<u32, AllocError> {
         let shape = class.shape;
-        let base = self.pages.alloc(shape.pages_per_zspage).ok_or(AllocError::NoMemory)?;
-        self.pages_used.fetch_add(shape.pages_per_zspage, Ordering::Relaxed);
+        let base = self
+            .pages
+            .alloc(shape.pages_per_zspage)
+            .ok_or(AllocError::NoMemory)?;
+        self.pages_used
+            .fetch_add(shape.pages_per_zspage, Ordering::Relaxed);
         // Chain every slot onto the free list: slot i points at slot i + 1.
         let objs = shape.objs_per_zspage;
         for slot in 0..objs {
-            let next = if slot + 1 < objs { (slot + 1) as u16 } else { NO_SLOT };
+            let next = if slot + 1 < objs {
+                (slot + 1) as u16
+            } else {
+                NO_SLOT
+            };
             // SAFETY: the slot lies inside the fresh run of pages.
-            unsafe { base.as_ptr().add(slot * shape.size).cast::<u16>().write_unaligned(next) };
+            unsafe {
+                base.as_ptr()
+                    .add(slot * shape.size)
+                    .cast::<u16>()
+                    .write_unaligned(next)
+            };
         }
         let zs = ZsPage {
             base,
@@ -298,7 +320,9 @@ impl Pool {
     /// Frees an object. Its handle must not be used again.
     pub fn free(&self, h: Handle) {
         let class_index = self.handles.get(h).class;
-        let mut class = self.classes[class_index as usize].lock().expect("class lock");
+        let mut class = self.classes[class_index as usize]
+            .lock()
+            .expect("class lock");
         let loc = self.handles.get(h);
         let was_full = class.is_full(loc.zspage);
         class.push_free(loc.zspage, loc.slot);
@@ -343,7 +367,10 @@ impl Pool {
         // The objects of every partly filled zspage, found in one scan.
         let mut live: HashMap<u32, Vec<(u16, Handle)>> = HashMap::new();
         self.handles.for_each_in_class(class_index, |h, loc| {
-            if class.zspages[loc.zspage as usize].as_ref().is_some_and(|z| z.partial_at != UNLISTED) {
+            if class.zspages[loc.zspage as usize]
+                .as_ref()
+                .is_some_and(|z| z.partial_at != UNLISTED)
+            {
                 live.entry(loc.zspage).or_default().push((loc.slot, h));
             }
         });
@@ -355,11 +382,19 @@ impl Pool {
             let mut by_use: Vec<(u16, u32)> = class
                 .partial
                 .iter()
-                .map(|&id| (class.zspages[id as usize].as_ref().expect("listed").used, id))
+                .map(|&id| {
+                    (
+                        class.zspages[id as usize].as_ref().expect("listed").used,
+                        id,
+                    )
+                })
                 .collect();
             by_use.sort_unstable();
             let (src_used, src) = by_use[0];
-            let room: usize = by_use[1..].iter().map(|&(used, _)| objs - used as usize).sum();
+            let room: usize = by_use[1..]
+                .iter()
+                .map(|&(used, _)| objs - used as usize)
+                .sum();
             if room < src_used as usize {
                 return freed;
             }
@@ -378,7 +413,14 @@ impl Pool {
                 // SAFETY: two distinct slots of `size` bytes in live
                 // zspages of this locked class.
                 unsafe { std::ptr::copy_nonoverlapping(from, to, size) };
-                self.handles.set(handle, Location { class: class_index, zspage: dst, slot: to_slot });
+                self.handles.set(
+                    handle,
+                    Location {
+                        class: class_index,
+                        zspage: dst,
+                        slot: to_slot,
+                    },
+                );
                 live.entry(dst).or_default().push((to_slot, handle));
                 if class.is_full(dst) {
                     class.unlist_partial(dst);
@@ -396,7 +438,10 @@ impl Pool {
 
     /// Objects stored.
     pub fn objects(&self) -> usize {
-        self.classes.iter().map(|c| c.lock().expect("class lock").objects).sum()
+        self.classes
+            .iter()
+            .map(|c| c.lock().expect("class lock").objects)
+            .sum()
     }
 
     /// Per-class statistics, for classes that hold pages.
@@ -423,7 +468,11 @@ impl Pool {
     /// pointers, free-slot stacks, zspage records).
     pub fn metadata_bytes(&self) -> usize {
         self.handles.metadata_bytes()
-            + self.classes.iter().map(|c| c.lock().expect("class lock").metadata_bytes()).sum::<usize>()
+            + self
+                .classes
+                .iter()
+                .map(|c| c.lock().expect("class lock").metadata_bytes())
+                .sum::<usize>()
     }
 
     /// Fault injection: the next `count` allocations fail with `NoMemory`.

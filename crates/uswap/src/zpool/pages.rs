@@ -63,7 +63,10 @@ impl PageSource {
             }
             _ => {
                 let base = crate::sys::map_anonymous(EXTENT_SIZE).ok()?;
-                inner.extents.push(Extent { base, len: EXTENT_SIZE });
+                inner.extents.push(Extent {
+                    base,
+                    len: EXTENT_SIZE,
+                });
                 // SAFETY: bytes <= 8 pages < EXTENT_SIZE.
                 let after = unsafe { NonNull::new_unchecked(base.as_ptr().add(bytes)) };
                 inner.bump = Some((after, EXTENT_SIZE - bytes));

@@ -33,7 +33,11 @@ pub(crate) enum Entry {
     /// A page of one repeated byte.
     Same(u8),
     /// An object in the pool: `len` bytes, raw when the page did not shrink.
-    Pool { handle: Handle, len: usize, raw: bool },
+    Pool {
+        handle: Handle,
+        len: usize,
+        raw: bool,
+    },
     /// The page is in the swap file at this slot.
     File,
     /// Someone is working on this slot.
@@ -49,7 +53,10 @@ impl Entry {
             Entry::Empty => EMPTY,
             Entry::Same(b) => SAME << KIND_SHIFT | b as u64,
             Entry::Pool { handle, len, raw } => {
-                POOL << KIND_SHIFT | if raw { RAW_BIT } else { 0 } | (len as u64) << 32 | handle.to_raw() as u64
+                POOL << KIND_SHIFT
+                    | if raw { RAW_BIT } else { 0 }
+                    | (len as u64) << 32
+                    | handle.to_raw() as u64
             }
             Entry::File => FILE << KIND_SHIFT,
             Entry::Busy => BUSY << KIND_SHIFT,
@@ -129,7 +136,9 @@ impl Index {
     /// freed).
     pub fn drop_user(&self, slot: u32) -> bool {
         let prev = self.users[slot as usize]
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(1))
+            })
             .expect("the update always succeeds");
         prev <= 1
     }
@@ -146,7 +155,12 @@ impl Index {
                 Entry::Empty | Entry::Stale(_) => return Entry::Empty,
                 entry => {
                     if word
-                        .compare_exchange(cur, Entry::Busy.encode(), Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange(
+                            cur,
+                            Entry::Busy.encode(),
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
                         .is_ok()
                     {
                         return entry;
@@ -159,7 +173,12 @@ impl Index {
     /// Claims the slot only if it still holds exactly `expected`.
     pub fn claim_if(&self, slot: u32, expected: Entry) -> bool {
         self.entries[slot as usize]
-            .compare_exchange(expected.encode(), Entry::Busy.encode(), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                expected.encode(),
+                Entry::Busy.encode(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
     }
 

@@ -24,7 +24,11 @@ impl Inner {
     /// Reconstructs a folio into `dst` (its pages, in order) and leaves its
     /// entries stored. Counts the pages read (zswpin, swpin_zero, pswpin).
     pub(crate) fn read(&self, range: SlotRange, dst: &mut [u8]) -> Result<(), LoadError> {
-        assert_eq!(dst.len(), range.pages as usize * PAGE_SIZE, "dst must hold the whole folio");
+        assert_eq!(
+            dst.len(),
+            range.pages as usize * PAGE_SIZE,
+            "dst must hold the whole folio"
+        );
         let mut claimed: Vec<(u32, Entry)> = Vec::with_capacity(range.pages as usize);
         for slot in range.slots() {
             match self.index.claim(slot) {
@@ -44,7 +48,9 @@ impl Inner {
                 Entry::Pool { .. } => pooled += 1,
                 Entry::Same(_) => same += 1,
                 Entry::File => filed += 1,
-                Entry::Empty | Entry::Busy | Entry::Stale(_) => unreachable!("claimed entries hold data"),
+                Entry::Empty | Entry::Busy | Entry::Stale(_) => {
+                    unreachable!("claimed entries hold data")
+                }
             }
         }
         bump(&self.counters.zswpin, pooled);
@@ -58,7 +64,9 @@ impl Inner {
     /// nothing or its count is full.
     pub(crate) fn share(&self, range: SlotRange) -> bool {
         for (k, slot) in range.slots().enumerate() {
-            if matches!(self.index.get(slot), Entry::Empty | Entry::Stale(_)) || !self.index.add_user(slot) {
+            if matches!(self.index.get(slot), Entry::Empty | Entry::Stale(_))
+                || !self.index.add_user(slot)
+            {
                 for undo in range.slots().take(k) {
                     self.index.drop_user(undo);
                 }
@@ -84,11 +92,18 @@ impl Inner {
             }
             let mut jobs: Vec<Job<'_>> = Vec::new();
             let mut job_slots: Vec<u32> = Vec::new();
-            for ((&(slot, entry), out), buf) in claimed.iter().zip(dst.chunks_mut(PAGE_SIZE)).zip(scratch.chunks_mut(PAGE_SIZE)) {
+            for ((&(slot, entry), out), buf) in claimed
+                .iter()
+                .zip(dst.chunks_mut(PAGE_SIZE))
+                .zip(scratch.chunks_mut(PAGE_SIZE))
+            {
                 match entry {
                     Entry::Same(b) => out.fill(b),
                     Entry::File => {
-                        let backing = self.backing.as_ref().expect("file entries exist only with a backing");
+                        let backing = self
+                            .backing
+                            .as_ref()
+                            .expect("file entries exist only with a backing");
                         if backing.read_page(slot, out).is_err() {
                             bump(&self.counters.swap_read_errors, 1);
                             return Err(LoadError::Io(slot));
@@ -112,17 +127,31 @@ impl Inner {
                             job_slots.push(slot);
                         }
                     }
-                    Entry::Empty | Entry::Busy | Entry::Stale(_) => unreachable!("claimed entries hold data"),
+                    Entry::Empty | Entry::Busy | Entry::Stale(_) => {
+                        unreachable!("claimed entries hold data")
+                    }
                 }
             }
-            if jobs.len() >= self.load_batch_min_pages && self.batching && self.device.has_batching() {
+            if jobs.len() >= self.load_batch_min_pages
+                && self.batching
+                && self.device.has_batching()
+            {
                 self.device.decompress_batch(self.codec.as_ref(), &mut jobs);
             } else {
                 for job in &mut jobs {
-                    job.result = Some(self.codec.decompress(job.src, job.dst).map(|()| PAGE_SIZE).map_err(Into::into));
+                    job.result = Some(
+                        self.codec
+                            .decompress(job.src, job.dst)
+                            .map(|()| PAGE_SIZE)
+                            .map_err(Into::into),
+                    );
                 }
             }
-            match jobs.iter().zip(&job_slots).find(|(j, _)| !matches!(j.result, Some(Ok(_)))) {
+            match jobs
+                .iter()
+                .zip(&job_slots)
+                .find(|(j, _)| !matches!(j.result, Some(Ok(_))))
+            {
                 Some((_, &slot)) => {
                     bump(&self.counters.decompress_fail, 1);
                     Err(LoadError::Corrupt(slot))
@@ -146,7 +175,9 @@ impl Inner {
                     // The object goes when the slot does (see the free hook).
                     self.index.release(slot, Entry::Stale(handle));
                 }
-                Entry::Same(_) | Entry::File | Entry::Busy | Entry::Stale(_) => self.index.release(slot, Entry::Empty),
+                Entry::Same(_) | Entry::File | Entry::Busy | Entry::Stale(_) => {
+                    self.index.release(slot, Entry::Empty)
+                }
             }
             self.releaser.release(slot);
         }

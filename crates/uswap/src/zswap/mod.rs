@@ -153,7 +153,12 @@ pub struct ZswapConfig {
 /// Physical memory of this machine, in bytes.
 pub fn physical_memory() -> usize {
     // SAFETY: sysconf only reads system configuration.
-    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     (pages.max(0) as usize).saturating_mul(size.max(0) as usize)
 }
 
@@ -221,10 +226,16 @@ impl std::error::Error for ConfigError {}
 
 impl Zswap {
     /// A store compressing on `device`, writing back to `backing` if given.
-    pub fn new(config: ZswapConfig, device: Arc<Device>, backing: Option<Arc<dyn Backing>>) -> Result<Zswap, ConfigError> {
+    pub fn new(
+        config: ZswapConfig,
+        device: Arc<Device>,
+        backing: Option<Arc<dyn Backing>>,
+    ) -> Result<Zswap, ConfigError> {
         let codec = codec::by_name(&config.compressor).map_err(|e| ConfigError(e.to_string()))?;
         if config.accept_threshold_percent > 100 {
-            return Err(ConfigError("accept_threshold_percent must be at most 100".into()));
+            return Err(ConfigError(
+                "accept_threshold_percent must be at most 100".into(),
+            ));
         }
         let slots = backing.as_ref().map_or(config.slots, |b| b.slots());
         if slots == 0 {
@@ -380,7 +391,12 @@ impl Zswap {
     /// sees the damage. The edited length must be one the store can record:
     /// 1..=PAGE_SIZE bytes, exactly PAGE_SIZE for a page stored raw.
     /// Returns whether the slot held a pool object and the edit was applied.
-    pub fn edit_stored_object(&self, slot: u32, refresh_crc: bool, edit: impl FnOnce(&mut Vec<u8>)) -> bool {
+    pub fn edit_stored_object(
+        &self,
+        slot: u32,
+        refresh_crc: bool,
+        edit: impl FnOnce(&mut Vec<u8>),
+    ) -> bool {
         let inner = &self.inner;
         let entry = inner.index.claim(slot);
         let index::Entry::Pool { handle, len, raw } = entry else {
@@ -393,7 +409,11 @@ impl Zswap {
         let mut bytes = vec![0u8; len];
         inner.pool.read(handle, &mut bytes);
         edit(&mut bytes);
-        let fits = if raw { bytes.len() == PAGE_SIZE } else { (1..=PAGE_SIZE).contains(&bytes.len()) };
+        let fits = if raw {
+            bytes.len() == PAGE_SIZE
+        } else {
+            (1..=PAGE_SIZE).contains(&bytes.len())
+        };
         if !fits {
             inner.index.release(slot, entry);
             return false;
@@ -411,8 +431,16 @@ impl Zswap {
             moved
         };
         inner.pool.write(handle, &bytes);
-        let crc = if refresh_crc { crc32c::crc32c(&bytes) } else { crc };
-        let edited = index::Entry::Pool { handle, len: bytes.len(), raw };
+        let crc = if refresh_crc {
+            crc32c::crc32c(&bytes)
+        } else {
+            crc
+        };
+        let edited = index::Entry::Pool {
+            handle,
+            len: bytes.len(),
+            raw,
+        };
         inner.index.publish(slot, edited, crc);
         true
     }
@@ -420,7 +448,10 @@ impl Zswap {
     /// Whether `slot` holds a page (in the pool, written back, or
     /// same-filled).
     pub fn is_stored(&self, slot: u32) -> bool {
-        !matches!(self.inner.index.get(slot), index::Entry::Empty | index::Entry::Stale(_))
+        !matches!(
+            self.inner.index.get(slot),
+            index::Entry::Empty | index::Entry::Stale(_)
+        )
     }
 }
 
@@ -436,7 +467,11 @@ impl Inner {
 
     /// Accounts an object entering (`added`) or leaving the pool.
     fn account_pool_object(&self, len: usize, raw: bool, added: bool) {
-        let (pages, raws, bytes) = (&self.stored_pages, &self.stored_raw_pages, &self.stored_bytes);
+        let (pages, raws, bytes) = (
+            &self.stored_pages,
+            &self.stored_raw_pages,
+            &self.stored_bytes,
+        );
         if added {
             pages.fetch_add(1, Ordering::Relaxed);
             raws.fetch_add(raw as u64, Ordering::Relaxed);

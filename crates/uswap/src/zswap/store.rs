@@ -33,7 +33,8 @@ thread_local! {
 
 impl Inner {
     pub(crate) fn store_batch(&self, folios: &[&[u8]]) -> Vec<Result<SlotRange, StoreError>> {
-        let mut plans: Vec<Result<FolioPlan, StoreError>> = folios.iter().map(|f| self.plan(f)).collect();
+        let mut plans: Vec<Result<FolioPlan, StoreError>> =
+            folios.iter().map(|f| self.plan(f)).collect();
 
         // Same-filled pages need no compression; the rest form one list.
         let mut pending: Vec<(usize, usize)> = Vec::new();
@@ -41,14 +42,18 @@ impl Inner {
             let Ok(plan) = &mut plans[fi] else { continue };
             for (pi, page) in folio.chunks(PAGE_SIZE).enumerate() {
                 match same_filled(page) {
-                    Some(b) => plan.staged.push((plan.range.first + pi as u32, Entry::Same(b), 0)),
+                    Some(b) => plan
+                        .staged
+                        .push((plan.range.first + pi as u32, Entry::Same(b), 0)),
                     None => pending.push((fi, pi)),
                 }
             }
         }
 
         let page = |(fi, pi): (usize, usize)| &folios[fi][pi * PAGE_SIZE..(pi + 1) * PAGE_SIZE];
-        let live = |plans: &[Result<FolioPlan, StoreError>], fi: usize| plans[fi].as_ref().is_ok_and(|p| p.failed.is_none());
+        let live = |plans: &[Result<FolioPlan, StoreError>], fi: usize| {
+            plans[fi].as_ref().is_ok_and(|p| p.failed.is_none())
+        };
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             let need = pending.len() * PAGE_SIZE;
@@ -79,10 +84,15 @@ impl Inner {
                         let out = outs.next().expect("one output per pending page");
                         next += 1;
                         if live(&plans, at.0) {
-                            in_flight.push_back((at, s.submit(self.codec.as_ref(), Op::Compress, page(at), out)));
+                            in_flight.push_back((
+                                at,
+                                s.submit(self.codec.as_ref(), Op::Compress, page(at), out),
+                            ));
                         }
                     }
-                    let Some((at, ticket)) = in_flight.pop_front() else { break };
+                    let Some((at, ticket)) = in_flight.pop_front() else {
+                        break;
+                    };
                     let (result, out) = s.wait(ticket);
                     if live(&plans, at.0) {
                         self.place(&mut plans, at, page(at), result, out);
@@ -91,13 +101,19 @@ impl Inner {
             });
         });
 
-        plans.into_iter().map(|p| p.and_then(|plan| self.finish(plan))).collect()
+        plans
+            .into_iter()
+            .map(|p| p.and_then(|plan| self.finish(plan)))
+            .collect()
     }
 
     /// Checks the folio's shape and gives it a contiguous run of slots.
     fn plan(&self, folio: &[u8]) -> Result<FolioPlan, StoreError> {
         let pages = folio.len() / PAGE_SIZE;
-        if !folio.len().is_multiple_of(PAGE_SIZE) || !pages.is_power_of_two() || pages > MAX_FOLIO_PAGES {
+        if !folio.len().is_multiple_of(PAGE_SIZE)
+            || !pages.is_power_of_two()
+            || pages > MAX_FOLIO_PAGES
+        {
             return Err(StoreError::BadFolio);
         }
         let order = pages.trailing_zeros() as usize;
@@ -127,13 +143,17 @@ impl Inner {
         result: Result<usize, JobError>,
         out: &[u8],
     ) {
-        let Ok(plan) = &mut plans[fi] else { unreachable!("pending pages belong to planned folios") };
+        let Ok(plan) = &mut plans[fi] else {
+            unreachable!("pending pages belong to planned folios")
+        };
         let slot = plan.range.first + pi as u32;
         match result {
             Ok(n) => self.put(plan, slot, &out[..n], false, page),
             // The kernel keeps a page that does not shrink raw when it can
             // be written back later, and rejects it otherwise.
-            Err(JobError::Codec(CodecError::DoesNotFit)) if self.backing.is_some() => self.put(plan, slot, page, true, page),
+            Err(JobError::Codec(CodecError::DoesNotFit)) if self.backing.is_some() => {
+                self.put(plan, slot, page, true, page)
+            }
             Err(JobError::Codec(CodecError::DoesNotFit)) => {
                 bump(&self.counters.reject_compress_poor, 1);
                 plan.fail(StoreError::CompressPoor);
@@ -207,7 +227,8 @@ impl Inner {
                     self.pool.free(handle);
                 }
             }
-            self.allocator.free_run(plan.range.first, plan.range.pages as usize);
+            self.allocator
+                .free_run(plan.range.first, plan.range.pages as usize);
             return Err(e);
         }
         let (mut pooled, mut same, mut filed) = (0, 0, 0);
@@ -221,7 +242,9 @@ impl Inner {
                 }
                 Entry::Same(_) => same += 1,
                 Entry::File => filed += 1,
-                Entry::Empty | Entry::Busy | Entry::Stale(_) => unreachable!("only stored states are staged"),
+                Entry::Empty | Entry::Busy | Entry::Stale(_) => {
+                    unreachable!("only stored states are staged")
+                }
             }
         }
         bump(&self.counters.zswpout, pooled);

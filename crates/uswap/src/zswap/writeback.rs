@@ -81,7 +81,9 @@ impl WorkerSignal {
 
 impl Inner {
     pub(crate) fn writeback(&self, max_pages: usize) -> usize {
-        let Some(backing) = &self.backing else { return 0 };
+        let Some(backing) = &self.backing else {
+            return 0;
+        };
         let mut page = [0u8; PAGE_SIZE];
         let mut stored = [0u8; PAGE_SIZE];
         let mut written = 0;
@@ -89,9 +91,13 @@ impl Inner {
         let mut budget = self.lru.len() * 2;
         while written < max_pages && budget > 0 {
             budget -= 1;
-            let Some(slot) = self.lru.pop(&self.index) else { break };
+            let Some(slot) = self.lru.pop(&self.index) else {
+                break;
+            };
             let entry = self.index.get(slot);
-            let Entry::Pool { handle, len, raw } = entry else { continue };
+            let Entry::Pool { handle, len, raw } = entry else {
+                continue;
+            };
             let flags = &self.index.lru_flags[slot as usize];
             if flags.fetch_and(!REFERENCED, Ordering::AcqRel) & REFERENCED != 0 {
                 // Second chance: back to the tail, unreferenced.

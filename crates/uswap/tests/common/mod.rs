@@ -66,7 +66,8 @@ pub fn eventually(mut condition: impl FnMut() -> bool) -> bool {
 /// waits (at most ten seconds) until it has.
 pub fn evict_to_limit(rt: &Runtime) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while rt.stats().resident_bytes as usize > rt.config().memory_high && Instant::now() < deadline {
+    while rt.stats().resident_bytes as usize > rt.config().memory_high && Instant::now() < deadline
+    {
         rt.reclaim_now();
         std::thread::yield_now();
     }
@@ -129,6 +130,8 @@ pub fn within<T: Send + 'static>(limit: Duration, body: impl FnOnce() -> T + Sen
             Ok(v) => v,
             Err(p) => std::panic::resume_unwind(p),
         },
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("did not finish within {limit:?}: a hang"),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("did not finish within {limit:?}: a hang")
+        }
     }
 }

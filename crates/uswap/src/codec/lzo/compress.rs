@@ -54,7 +54,11 @@ impl LzoTable {
     /// Starts a call over `len` bytes: every older entry is below the new base.
     fn begin(&mut self, len: usize) -> u32 {
         let span = u32::try_from(len).unwrap_or(u32::MAX).saturating_add(1);
-        match self.base.checked_add(span).and_then(|end| end.checked_add(span)) {
+        match self
+            .base
+            .checked_add(span)
+            .and_then(|end| end.checked_add(span))
+        {
             Some(_) => {}
             None => {
                 self.slots.fill(0);
@@ -121,7 +125,9 @@ impl Out<'_> {
     }
 
     fn bytes(&mut self, run: &[u8]) -> Option<()> {
-        self.buf.get_mut(self.pos..self.pos + run.len())?.copy_from_slice(run);
+        self.buf
+            .get_mut(self.pos..self.pos + run.len())?
+            .copy_from_slice(run);
         self.pos += run.len();
         Some(())
     }
@@ -213,7 +219,12 @@ fn avoid_rle_ambiguity(distance: usize, len: usize) -> usize {
 
 /// Compresses `src` into `dst`. Returns the compressed length, or `None` as
 /// soon as the output would not fit in `dst`.
-pub fn compress(src: &[u8], dst: &mut [u8], version: Version, table: &mut LzoTable) -> Option<usize> {
+pub fn compress(
+    src: &[u8],
+    dst: &mut [u8],
+    version: Version,
+    table: &mut LzoTable,
+) -> Option<usize> {
     let rle = version == Version::Rle;
     let mut out = Out {
         buf: dst,
@@ -225,7 +236,11 @@ pub fn compress(src: &[u8], dst: &mut [u8], version: Version, table: &mut LzoTab
         out.bytes(&[VERSION_MARKER, RLE_VERSION])?;
         out.start = out.pos;
     }
-    let max_distance = if rle { M4_MAX_DISTANCE_RLE } else { M4_MAX_DISTANCE };
+    let max_distance = if rle {
+        M4_MAX_DISTANCE_RLE
+    } else {
+        M4_MAX_DISTANCE
+    };
 
     let n = src.len();
     let base = table.begin(n);

@@ -63,7 +63,10 @@ impl Input<'_> {
 
     fn take(&mut self, n: usize) -> Result<&[u8], LzoError> {
         let end = self.pos.checked_add(n).ok_or(LzoError::InputOverrun)?;
-        let run = self.bytes.get(self.pos..end).ok_or(LzoError::InputOverrun)?;
+        let run = self
+            .bytes
+            .get(self.pos..end)
+            .ok_or(LzoError::InputOverrun)?;
         self.pos = end;
         Ok(run)
     }
@@ -115,7 +118,8 @@ impl Output<'_> {
             let mut done = 0;
             while done < len {
                 let chunk = (self.pos + done - start).min(len - done);
-                self.bytes.copy_within(start..start + chunk, self.pos + done);
+                self.bytes
+                    .copy_within(start..start + chunk, self.pos + done);
                 done += chunk;
             }
         }
@@ -157,7 +161,11 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), LzoError> {
         let (distance, len, next);
         if t < 16 {
             if state == 0 {
-                let n = if t == 0 { 15 + input.extended_length()? } else { t };
+                let n = if t == 0 {
+                    15 + input.extended_length()?
+                } else {
+                    t
+                };
                 output.literals(&mut input, n + 3)?;
                 state = 4;
                 continue;
@@ -178,7 +186,11 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), LzoError> {
             next = t & 3;
         } else if t >= 32 {
             let short = t & 31;
-            len = 2 + if short == 0 { 31 + input.extended_length()? } else { short };
+            len = 2 + if short == 0 {
+                31 + input.extended_length()?
+            } else {
+                short
+            };
             let v = input.le16()?;
             distance = 1 + (v >> 2);
             next = v & 3;
@@ -194,7 +206,11 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), LzoError> {
                 continue;
             }
             let short = t & 7;
-            len = 2 + if short == 0 { 7 + input.extended_length()? } else { short };
+            len = 2 + if short == 0 {
+                7 + input.extended_length()?
+            } else {
+                short
+            };
             let v = input.le16()?;
             let far = ((t & 8) << 11) + (v >> 2);
             next = v & 3;

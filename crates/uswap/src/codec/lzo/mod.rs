@@ -96,9 +96,11 @@ impl Codec for Lzo {
     fn compress(&self, src: &[u8], dst: &mut [u8]) -> Result<usize, CodecError> {
         let capacity = shrink_capacity(src, dst);
         let version = self.version;
-        with_context(self.key, || Some(LzoTable::new()), |table| {
-            compress(src, &mut dst[..capacity], version, table)
-        })
+        with_context(
+            self.key,
+            || Some(LzoTable::new()),
+            |table| compress(src, &mut dst[..capacity], version, table),
+        )
         .ok_or(CodecError::Internal)?
         .ok_or(CodecError::DoesNotFit)
     }
