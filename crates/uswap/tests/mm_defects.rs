@@ -596,3 +596,68 @@ fn fork_at_start_child() {
         drop(region);
     }
 }
+
+/// Found by the model test: a page dropped (MADV_DONTNEED) inside a swapped
+/// folio, then moved away with part of the folio (mremap), came back with
+/// its old bytes where it went instead of zeros. A hole moves as a hole.
+#[test]
+fn a_page_dropped_before_a_move_reads_zero_where_it_went() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(8 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let folio = swapped_folio(&rt, base, region.len(), 1);
+    let dropped = folio + 3 * PAGE;
+    // SAFETY: one page of our own region.
+    assert_eq!(
+        unsafe { libc::madvise(dropped as *mut _, PAGE, libc::MADV_DONTNEED) },
+        0
+    );
+    // SAFETY: an inaccessible reservation to move pages onto.
+    let scratch = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            FOLIO,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(scratch, libc::MAP_FAILED);
+    let (from, len) = (folio + 2 * PAGE, 6 * PAGE);
+    // SAFETY: moving pages of our own region onto our reservation.
+    let to = unsafe {
+        libc::mremap(
+            from as *mut _,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            scratch,
+        )
+    };
+    assert_eq!(to, scratch, "mremap");
+    let to = to as usize;
+    for k in 0..len / PAGE {
+        let (old, new) = (from + k * PAGE, to + k * PAGE);
+        for w in (0..PAGE).step_by(8) {
+            // SAFETY: a moved page, readable.
+            let v = unsafe { std::ptr::read_volatile((new + w) as *const u64) };
+            let want = if old == dropped {
+                0
+            } else {
+                expect(base, old + w)
+            };
+            assert_eq!(v, want, "moved page {k} (from {old:#x}) word {w}");
+        }
+    }
+    check_range(base, folio, from, "the folio's pages that stayed");
+    check_range(
+        base,
+        from + len,
+        folio + FOLIO,
+        "the folio's pages that stayed",
+    );
+    // SAFETY: the moved pages.
+    unsafe { libc::munmap(to as *mut _, len) };
+}

@@ -9,7 +9,7 @@
 //! pool page is back.
 //!
 //! `USWAP_MODEL_OPS` (operations per case, default 800) and
-//! `USWAP_MODEL_SEEDS` (seeds per case, default 1) make it a soak;
+//! `USWAP_MODEL_SEEDS` (seeds per case, default 3) make it a soak;
 //! `USWAP_MODEL_SEED` picks the first seed (to replay a failure);
 //! `USWAP_MODEL_TRACE=1` prints every operation.
 
@@ -327,6 +327,9 @@ impl Case {
                 },
             );
         }
+        if self.trace {
+            eprintln!("  moved {start:#x}+{len:#x} to {dst:#x} (whole region: {whole})");
+        }
         self.ops.moves += 1;
     }
 
@@ -337,6 +340,22 @@ impl Case {
         let list: Vec<(usize, Page)> = self.pages.iter().map(|(&a, &p)| (a, p)).collect();
         let target = list.iter().position(|(_, p)| p.writable);
         let child_seed = self.seed();
+        // Where the child reports what it found wrong: how many pages, then
+        // (address, first word read) for the first few.
+        const REPORTED: usize = 8;
+        // SAFETY: a fresh shared anonymous page, unmapped below.
+        let report = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(report, libc::MAP_FAILED);
+        let report = report as *mut u64;
         // SAFETY: the child only reads and writes memory and leaves with
         // _exit; it allocates nothing and takes no lock another thread may
         // hold.
@@ -344,9 +363,20 @@ impl Case {
         assert!(pid >= 0, "fork");
         if pid == 0 {
             let mut bad = 0;
+            let mut note = |addr: usize| {
+                if bad < REPORTED {
+                    // SAFETY: slots of the report page; `addr` is a readable
+                    // model page.
+                    unsafe {
+                        *report.add(1 + 2 * bad) = addr as u64;
+                        *report.add(2 + 2 * bad) = std::ptr::read_volatile(addr as *const u64);
+                    }
+                }
+                bad += 1;
+            };
             for (addr, page) in &list {
                 if !holds(*addr, page) {
-                    bad += 1;
+                    note(*addr);
                 }
             }
             if let Some(t) = target {
@@ -361,19 +391,42 @@ impl Case {
                         owner: NONE,
                     },
                 ) {
-                    bad += 1;
+                    note(addr);
                 }
             }
-            // SAFETY: ends the child at once.
-            unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
+            // SAFETY: the report's first word; then ends the child at once.
+            unsafe {
+                *report = bad as u64;
+                libc::_exit(if bad == 0 { 0 } else { 1 });
+            }
         }
         let mut status = 0;
         // SAFETY: waiting for our own child.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the forked child saw wrong bytes"
-        );
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            // SAFETY: the report page, written by the child that has exited.
+            let bad = unsafe { *report } as usize;
+            let mut lines = String::new();
+            for k in 0..bad.min(REPORTED) {
+                // SAFETY: as above.
+                let (addr, first) =
+                    unsafe { (*report.add(1 + 2 * k) as usize, *report.add(2 + 2 * k)) };
+                let page = self.pages[&addr];
+                let region = self.regions.iter().find(|(_, r)| {
+                    (r.as_ptr() as usize..r.as_ptr() as usize + r.len()).contains(&addr)
+                });
+                lines += &format!(
+                    "\n  {addr:#x} (folio offset {:#x}): first word {first:#x}, expected {:#x}, {page:?}, in region {:?}, the parent holds it: {}",
+                    addr % self.folio,
+                    word(page.seed, 0),
+                    region.map(|(o, r)| (*o, r.as_ptr())),
+                    holds(addr, &page),
+                );
+            }
+            panic!("the forked child saw wrong bytes in {bad} pages (status {status:#x}):{lines}");
+        }
+        // SAFETY: the report page.
+        unsafe { libc::munmap(report.cast(), PAGE) };
         if let Some(t) = target {
             let addr = list[t].0;
             self.check(
@@ -475,10 +528,19 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
         let words = Words::of(&worker_region);
         let (stop, worker_ops) = (&stop, &worker_ops);
         let w = s.spawn(move || workers(words, stop, seed, worker_ops));
+        /// Stops the workers however the steps end (a failed check
+        /// included, which would otherwise leave the scope waiting).
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let stopper = StopOnDrop(stop);
         for _ in 0..ops {
             case.step();
         }
-        stop.store(true, Ordering::Relaxed);
+        drop(stopper);
         w.join().expect("workers");
     });
     // Everything, once more.
@@ -526,7 +588,7 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
 
 fn cases(folio: usize) {
     let ops = env("USWAP_MODEL_OPS", 800);
-    let seeds = env("USWAP_MODEL_SEEDS", 1);
+    let seeds = env("USWAP_MODEL_SEEDS", 3);
     let first = env("USWAP_MODEL_SEED", 1);
     for seed in first..first + seeds {
         for swap_file in [false, true] {
@@ -537,29 +599,17 @@ fn cases(folio: usize) {
     }
 }
 
-// The model still finds open defects (issue 7 stays open): a forked child
-// reading wrong bytes with 64 KiB folios, and a run that did not finish when
-// the cases ran concurrently in one process (two runtimes, forks from two
-// threads). Until they are fixed the cases run on request, not in CI:
-// `cargo test --release -p uswap --test mm_model -- --ignored --test-threads=1`.
-
 #[test]
-#[ignore = "open defects found by the model; see the comment above"]
 fn model_4k_folios() {
     cases(4096);
 }
 
-/// Open defect (issue 7 stays open for it): with 64 KiB folios a forked
-/// child can read wrong bytes (seed 1, about 500 operations in); run with
-/// `cargo test --release --test mm_model -- --ignored` to reproduce.
 #[test]
-#[ignore = "open defect: a forked child can read wrong bytes with 64 KiB folios"]
 fn model_64k_folios() {
     cases(64 << 10);
 }
 
 #[test]
-#[ignore = "open defects found by the model; see the comment above"]
 fn model_2m_folios() {
     cases(2 * MIB);
 }

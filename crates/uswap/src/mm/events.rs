@@ -24,7 +24,7 @@
 use super::folio::{
     self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
 };
-use super::space::{Extras, Owner, RegionInner, Space};
+use super::space::{AtDestination, Extras, Owner, RegionInner, Space};
 use super::uffd::Uffd;
 use super::Shared;
 use crate::page::PAGE_SIZE;
@@ -82,6 +82,7 @@ fn folios_in(space: &Space, start: usize, end: usize) -> Vec<(Arc<RegionInner>, 
 /// The program dropped (MADV_DONTNEED) `start..end`; the kernel zaps the
 /// pages after this event is read.
 pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize) {
+    space.event_at_destinations(start, end, AtDestination::Dropped);
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
@@ -125,6 +126,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
 
 /// The program unmapped `start..end` (already gone from its page tables).
 pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize) {
+    space.event_at_destinations(start, end, AtDestination::Unmapped);
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
@@ -203,6 +205,7 @@ pub(crate) fn on_remap(
     // A thread waiting on a fault in the old range waits on the old
     // addresses, which no install will wake now: wake it to retry.
     super::swapin::wake_range(space, from, len);
+    space.event_at_destinations(from, from + len, AtDestination::MovedTo(to));
     for region in space.overlapping(from, from + len) {
         region.moves.fetch_add(1, Ordering::AcqRel);
     }
@@ -251,7 +254,12 @@ pub(crate) fn on_remap(
 /// faults on `child`. Builds the child's view of every region from the
 /// parent's at this moment (the fork has copied the page tables and waits
 /// for this event to be read).
-pub(crate) fn on_fork(shared: &Shared, parent: &Space, child: Uffd) -> Arc<Space> {
+pub(crate) fn on_fork(
+    shared: &Shared,
+    parent: &Space,
+    child: Uffd,
+    follow_ups: &mut Vec<FollowUp>,
+) -> Arc<Space> {
     let space = Arc::new(Space::new(shared.next_space_id(), child, Owner::Child));
     let mut regions = Vec::new();
     for r in parent.regions.read().expect("regions lock").iter() {
@@ -272,9 +280,20 @@ pub(crate) fn on_fork(shared: &Shared, parent: &Space, child: Uffd) -> Arc<Space
                 UNTOUCHED | ZEROING => UNTOUCHED,
                 RESIDENT => RESIDENT,
                 // A load in progress has installed some pages, which the
-                // child has; it shares the entries for the others.
+                // child has; it shares the entries for the others. Pages a
+                // move carried away are installed in the child too, where
+                // they went (a follow-up, as for the parent).
                 SWAPPED | LOADING if shared.store.share(r.slots_of(w)) => {
-                    folio::with_slot(SWAPPED, folio::slot(w))
+                    if extras.moved.is_empty() {
+                        folio::with_slot(SWAPPED, folio::slot(w))
+                    } else {
+                        follow_ups.push(FollowUp {
+                            space: space.clone(),
+                            region: copy.clone(),
+                            folio: i,
+                        });
+                        folio::with_slot(LOADING, folio::slot(w))
+                    }
                 }
                 SWAPPED | LOADING => panic!("a swapped folio's entries are gone at fork"),
                 EVICTING | INHERITING => {
@@ -305,7 +324,7 @@ pub(crate) fn on_fork(shared: &Shared, parent: &Space, child: Uffd) -> Arc<Space
 }
 
 fn is_empty(x: &Extras) -> bool {
-    x.removed.is_empty() && x.unmapped.is_empty() && x.moved.is_empty()
+    x.removed.is_empty() && x.unmapped.is_empty() && x.moved.is_empty() && x.lost.is_empty()
 }
 
 /// A busy folio of `space` ended as `outcome`: its inheritors in forked
@@ -375,6 +394,10 @@ pub(crate) fn resolve_inheritors(
         };
         f.set(next);
         super::swapin::wake_range(&child, heir.region.folio_addr(i), heir.region.folio_size);
+        // Faults where its moved pages live wait for them too.
+        for (to, len) in extras.moved_ranges() {
+            super::swapin::wake_range(&child, to, len);
+        }
         let settled = match folio::state(next) {
             SWAPPED | LOADING => Outcome::Swapped(next),
             _ => Outcome::Resident,

@@ -82,14 +82,22 @@ impl EventThread<'_> {
         let shared = self.shared;
         let mut read = 0;
         let gate = loop {
-            if shared.fork_pending.load(Ordering::Acquire) {
-                read += self.read_raw();
-                if !self.raw.iter().any(|e| matches!(e, Event::Fork { .. })) {
-                    std::thread::yield_now();
-                    continue;
+            if shared.fork_pending.load(Ordering::SeqCst) {
+                // What is read now is applied only once this thread has the
+                // gate; until then no other thread may act on the
+                // bookkeeping (see `Shared::read_gate`). Raised before the
+                // second look, so that a thread that takes the gate after
+                // the fork and finds it low knows nothing is read here.
+                shared.unapplied.store(true, Ordering::SeqCst);
+                if shared.fork_pending.load(Ordering::SeqCst) {
+                    read += self.read_raw();
+                    if !self.raw.iter().any(|e| matches!(e, Event::Fork { .. })) {
+                        std::thread::yield_now();
+                        continue;
+                    }
                 }
-                // The fork's event is in: the forker gives the gate back
-                // once fork has returned.
+                // The fork's event is in (or the fork is over): the forker
+                // gives the gate back once fork has returned.
             }
             match shared.gate.try_write() {
                 Ok(g) => break g,
@@ -119,7 +127,7 @@ impl EventThread<'_> {
                     events::on_remap(shared, space, from, to, len, &mut self.follow_ups)
                 }
                 Event::Fork { child } => {
-                    let child = events::on_fork(shared, space, child);
+                    let child = events::on_fork(shared, space, child, &mut self.follow_ups);
                     let mut all = shared.spaces.write().expect("spaces lock");
                     all.push(child);
                     self.pollfds
@@ -130,6 +138,7 @@ impl EventThread<'_> {
         self.origin = origins;
         self.origin.clear();
         shared.forget_returned_drops(applied);
+        shared.unapplied.store(false, Ordering::SeqCst);
         drop(gate);
         read
     }
@@ -396,9 +405,14 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
         return Step::Again;
     };
     let Some((region, i)) = space.lookup(fault.addr) else {
-        // Registered memory no region tracks (moved out of a region by a
-        // cut, or grown by mremap): fresh anonymous memory reads as zero,
-        // and a stale write protection is lifted.
+        // Pages a move carried out of a folio that is not back yet: its
+        // owner installs them and wakes this range.
+        if space.awaits_moved_page(page) {
+            return Step::Done;
+        }
+        // Other registered memory no region tracks (moved out of a region
+        // by a cut, or grown by mremap): fresh anonymous memory reads as
+        // zero, and a stale write protection is lifted.
         return if fault.wp {
             unprotect(space, page)
         } else {

@@ -71,7 +71,7 @@ extern "C" fn prepare() {
         // SAFETY: the guard borrows `shared.gate`, which lives as long as the
         // Arc stored beside it; the pair is dropped guard first (`Held`).
         let guard: RwLockWriteGuard<'static, ()> = unsafe { std::mem::transmute(guard) };
-        shared.fork_pending.store(true, Ordering::Release);
+        shared.fork_pending.store(true, Ordering::SeqCst);
         prepared.push((guard, shared));
     }
     PREPARED.with(|p| *p.borrow_mut() = Some((one, prepared)));
@@ -82,7 +82,7 @@ extern "C" fn parent() {
         return;
     };
     for (guard, shared) in prepared {
-        shared.fork_pending.store(false, Ordering::Release);
+        shared.fork_pending.store(false, Ordering::SeqCst);
         drop(guard);
     }
     drop(one);

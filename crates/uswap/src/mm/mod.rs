@@ -33,7 +33,9 @@
 //! thread makes each install attempt, and publishes a folio's end state,
 //! under its read side, and releases it before waiting out an EAGAIN. An
 //! install therefore either happened before the event was read (and the
-//! event's effect covers it) or sees the event's bookkeeping.
+//! event's effect covers it) or sees the event's bookkeeping. The one
+//! exception, events read while the program forks (the gate is the forker's
+//! then), is closed by [`Shared::read_gate`].
 //!
 //! # Lock order
 //!
@@ -135,6 +137,9 @@ pub(crate) struct Shared {
     pub shutdown: AtomicBool,
     /// The program is forking (see [`fork`]).
     pub fork_pending: AtomicBool,
+    /// The event thread has read events while the program forked and not
+    /// yet applied them (see [`Shared::read_gate`]).
+    pub unapplied: AtomicBool,
     /// This is a forked child's copy of the runtime: none of its threads
     /// exist here and its descriptors act on the parent, so it does nothing.
     pub forked_copy: AtomicBool,
@@ -202,6 +207,7 @@ impl Runtime {
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
             fork_pending: AtomicBool::new(false),
+            unapplied: AtomicBool::new(false),
             forked_copy: AtomicBool::new(false),
             users: AtomicUsize::new(1),
             threads: Mutex::new(Vec::new()),
@@ -449,6 +455,25 @@ impl Shared {
             .find(|d| d.start == start && d.returned_at.is_none())
             .expect("the drop was registered");
         d.returned_at = Some(self.reads.load(Ordering::Acquire));
+    }
+
+    /// The event gate's read side, for any thread but the event thread.
+    ///
+    /// While the program forks, the event thread reads events without the
+    /// gate (see `fault.rs`) and applies them only once the fork is over and
+    /// it has the write side. A read event no longer holds installs off with
+    /// EAGAIN (an mremap that was read has returned), so in that gap a
+    /// thread acting on the bookkeeping could install at a region's old
+    /// address: it waits instead until they are applied.
+    pub fn read_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        loop {
+            let gate = self.gate.read().expect("event gate");
+            if !self.unapplied.load(Ordering::SeqCst) {
+                return gate;
+            }
+            drop(gate);
+            std::thread::yield_now();
+        }
     }
 
     /// Called by each runtime thread once it has made its start-up

@@ -344,7 +344,10 @@ fn finish_folio(
     let pages = region.pages_per_folio() as usize;
     let mut follow_ups = Vec::new();
     let gate = settled_gate(shared, own, region.folio_addr(i), fs);
-    let extras = own.take_extras(region, i);
+    // Read, not taken: a fault where moved pages now live looks for them
+    // in the extras (under the gate's read side, like this), and must find
+    // them until they are installed.
+    let extras = own.extras_of(region, i, f.load());
     let mut stored = result.as_ref().ok().copied();
     // The drop acts on whatever is at the address when the kernel gets to
     // it: a move of the region in between (the madvise waits for its event
@@ -375,7 +378,8 @@ fn finish_folio(
                 .counters
                 .evicted_folios
                 .fetch_add(1, Ordering::Relaxed);
-            if extras.holes().covers(pages) {
+            if extras.holes().covers(pages) && extras.moved.is_empty() {
+                own.take_extras(region, i);
                 f.set(if extras.unmapped.covers(pages) {
                     GONE
                 } else {
@@ -383,18 +387,18 @@ fn finish_folio(
                 });
                 shared.store.invalidate(range);
             } else if !extras.moved.is_empty() {
-                // Pages moved away meanwhile: put them where they live now.
-                own.update_extras(region, i, |x| *x = extras);
+                // Pages moved away meanwhile: put them where they live now
+                // (the extras stay until they are in place).
                 f.set(folio::with_slot(LOADING, range.first) | folio::EXTRA);
                 bring_back = true;
-            } else if extras.holes().is_empty() {
-                f.set(folio::with_slot(SWAPPED, range.first));
             } else {
-                own.update_extras(region, i, |x| *x = extras);
-                f.set(folio::with_slot(SWAPPED, range.first) | folio::EXTRA);
+                // Holes, if any, stay recorded with the stored folio.
+                f.set(folio::with_slot(SWAPPED, range.first) | (f.load() & folio::EXTRA));
             }
         }
         None => {
+            // The pages (moved ones included) stay where they are.
+            own.take_extras(region, i);
             shared
                 .counters
                 .eviction_refused
@@ -424,8 +428,12 @@ fn finish_folio(
             Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
         }
     }
-    // Writers held on the protection refault and load the folio.
+    // Writers held on the protection refault and load the folio; faults
+    // where its moved pages live refault and find them (or a hole).
     swapin::wake_range(own, start, fs);
+    for (to, len) in extras.moved_ranges() {
+        swapin::wake_range(own, to, len);
+    }
     if bring_back {
         swapin::swap_in(shared, own, region, i, &mut Worker);
     }
@@ -447,7 +455,7 @@ fn settled_gate<'a>(
     len: usize,
 ) -> std::sync::RwLockReadGuard<'a, ()> {
     loop {
-        let gate = shared.gate.read().expect("event gate");
+        let gate = shared.read_gate();
         match own.uffd.write_protect(start, len, true) {
             Err(UffdError::Again) => {
                 drop(gate);

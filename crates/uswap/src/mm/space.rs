@@ -106,6 +106,17 @@ impl RegionInner {
     }
 }
 
+/// A program event over memory where pages moved out of a folio live now.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AtDestination {
+    /// MADV_DONTNEED.
+    Dropped,
+    /// munmap.
+    Unmapped,
+    /// mremap, to this address (of the event's start).
+    MovedTo(usize),
+}
+
 /// What happened to part of a folio (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Extras {
@@ -115,6 +126,9 @@ pub(crate) struct Extras {
     pub unmapped: PageMask,
     /// Pages moved away: (first page, end page, where the first now lives).
     pub moved: Vec<(usize, usize, usize)>,
+    /// Moved pages the program then dropped or unmapped where they went:
+    /// installed nowhere.
+    pub lost: PageMask,
 }
 
 impl Extras {
@@ -128,18 +142,68 @@ impl Extras {
         h
     }
 
+    /// Where the moved pages live now: (address, length) of each run.
+    pub fn moved_ranges(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.moved
+            .iter()
+            .map(|&(lo, hi, to)| (to, (hi - lo) * PAGE_SIZE))
+    }
+
     /// Where page `p` of a folio at `folio_addr` lives now, or None if it
-    /// must not be installed.
+    /// must not be installed. A moved page is installed where it went unless
+    /// it was dropped before the move (a hole moves as a hole) or dropped or
+    /// unmapped after it, where it went; its old address is unmapped by the
+    /// move itself (mremap raises UNMAP for it), which says nothing about
+    /// the page.
     pub fn destination(&self, folio_addr: usize, p: usize) -> Option<usize> {
-        if let Some(&(lo, _, to)) = self
+        match self
             .moved
             .iter()
             .find(|&&(lo, hi, _)| (lo..hi).contains(&p))
         {
-            return Some(to + (p - lo) * PAGE_SIZE);
+            Some(_) if self.removed.contains(p) || self.lost.contains(p) => None,
+            Some(&(lo, _, to)) => Some(to + (p - lo) * PAGE_SIZE),
+            None if self.removed.contains(p) || self.unmapped.contains(p) => None,
+            None => Some(folio_addr + p * PAGE_SIZE),
         }
-        (!self.removed.contains(p) && !self.unmapped.contains(p))
-            .then_some(folio_addr + p * PAGE_SIZE)
+    }
+
+    /// Applies an event over `start..end` to the pages moved out of this
+    /// folio that live there now and are not back yet: dropped or unmapped
+    /// ones are not installed, ones moved on are installed where they went.
+    /// (The region no longer covers them, so only this record knows.)
+    pub fn at_destination(&mut self, start: usize, end: usize, event: AtDestination) {
+        let mut runs = Vec::with_capacity(self.moved.len() + 2);
+        for &(lo, hi, to) in &self.moved {
+            let (a, b) = (start.max(to), end.min(to + (hi - lo) * PAGE_SIZE));
+            if a >= b {
+                runs.push((lo, hi, to));
+                continue;
+            }
+            let (plo, phi) = (lo + (a - to) / PAGE_SIZE, lo + (b - to).div_ceil(PAGE_SIZE));
+            match event {
+                AtDestination::Dropped | AtDestination::Unmapped => {
+                    self.lost.insert_range(plo, phi);
+                    runs.push((lo, hi, to));
+                }
+                AtDestination::MovedTo(new) => {
+                    if lo < plo {
+                        runs.push((lo, plo, to));
+                    }
+                    runs.push((plo, phi, new + (a - start)));
+                    if phi < hi {
+                        runs.push((phi, hi, to + (phi - lo) * PAGE_SIZE));
+                    }
+                }
+            }
+        }
+        self.moved = runs;
+    }
+
+    /// Whether moved pages wait to be installed at `addr`.
+    pub fn awaited_at(&self, addr: usize) -> bool {
+        self.moved_ranges()
+            .any(|(to, len)| (to..to + len).contains(&addr))
     }
 }
 
@@ -186,6 +250,28 @@ impl Space {
         let regions = self.regions.read().expect("regions lock");
         let r = regions.iter().find(|r| r.contains(addr))?;
         Some((r.clone(), r.folio_of(addr)))
+    }
+
+    /// Whether `addr` is where a move carried pages of a folio whose bytes
+    /// are not back yet (a swapped or busy folio with moved extras): the
+    /// folio's owner installs them there and wakes the range, so a fault
+    /// there must wait rather than read zeros.
+    pub fn awaits_moved_page(&self, addr: usize) -> bool {
+        self.extras
+            .lock()
+            .expect("extras lock")
+            .values()
+            .any(|x| x.awaited_at(addr))
+    }
+
+    /// Applies a program event over `start..end` to every folio's pages
+    /// that moved there and are not back yet.
+    pub fn event_at_destinations(&self, start: usize, end: usize, event: AtDestination) {
+        for x in self.extras.lock().expect("extras lock").values_mut() {
+            if !x.moved.is_empty() {
+                x.at_destination(start, end, event);
+            }
+        }
     }
 
     /// The regions overlapping `start..end`.

@@ -42,7 +42,7 @@ pub(crate) trait Server {
     /// and tries again).
     fn enter<'s>(&self, shared: &'s Shared) -> Option<Pass<'s>> {
         Some(Pass::Taken {
-            _guard: shared.gate.read().expect("event gate"),
+            _guard: shared.read_gate(),
         })
     }
 }
@@ -232,12 +232,7 @@ pub(crate) fn install(
         finish(&extras);
         drop(gate);
         let mut wake = vec![(at, region.folio_size)];
-        wake.extend(
-            extras
-                .moved
-                .iter()
-                .map(|&(lo, hi, to)| (to, (hi - lo) * PAGE_SIZE)),
-        );
+        wake.extend(extras.moved_ranges());
         return Installed::Done(Wake(wake));
     }
 }
