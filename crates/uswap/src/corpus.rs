@@ -17,26 +17,39 @@ const RECORD_SIZE: usize = 32;
 /// What the index says of one page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRecord {
+    /// The page's virtual address in its process.
     pub vaddr: u64,
+    /// The kernel's flags for the page (`/proc/kpageflags`) when it was
+    /// captured.
     pub flags: u64,
+    /// The page's `/proc/PID/pagemap` entry, with the frame number masked
+    /// out.
     pub pagemap: u64,
+    /// The process the page was taken from.
     pub pid: u32,
+    /// Which mapping of that process the page lies in; pages of one folio
+    /// share it.
     pub mapping: u32,
 }
 
 /// One program's pages.
 #[derive(Debug, Clone)]
 pub struct Workload {
+    /// The workload's name: its file names without `.pages` or `.idx`.
     pub name: String,
+    /// The raw pages, 4096 bytes each, in address order.
     pub pages: Vec<u8>,
+    /// One record per page, in the same order as `pages`.
     pub records: Vec<PageRecord>,
 }
 
 impl Workload {
+    /// Pages in the workload.
     pub fn page_count(&self) -> usize {
         self.pages.len() / PAGE_SIZE
     }
 
+    /// The bytes of page `i` (4096 of them). Panics if `i` is past the end.
     pub fn page(&self, i: usize) -> &[u8] {
         &self.pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
     }

@@ -12,9 +12,12 @@
 //!   segments on the engines as one batch.
 //! - [`zpool`]: compressed objects packed into pages (zsmalloc's design).
 //! - [`swap`]: swap slots (cluster allocator, free modes) and the swap file.
-//! - [`zswap`]: the store: slot -> entry, batched folio stores, exclusive
-//!   loads, limits, writeback.
+//! - [`zswap`]: the store: slot -> entry, batched folio stores, reads that
+//!   leave the entries stored, per-slot user counts (a fork shares entries;
+//!   invalidating drops one user, and the last frees them), limits,
+//!   writeback.
 //! - [`mm`]: the runtime: userfaultfd regions, faults, reclaim.
+#![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod accel;

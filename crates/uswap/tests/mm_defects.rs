@@ -661,3 +661,100 @@ fn a_page_dropped_before_a_move_reads_zero_where_it_went() {
     // SAFETY: the moved pages.
     unsafe { libc::munmap(to as *mut _, len) };
 }
+
+/// Found by the model test: memory a move carried out of a region stays
+/// registered with the runtime's userfaultfd, and a forked child keeps a
+/// copy of that descriptor. Once the runtime was gone, nobody read that
+/// descriptor: the next fork of the process waited for its FORK event
+/// forever. A runtime that ends leaves nothing of the process registered.
+#[test]
+fn a_runtime_that_ends_leaves_no_memory_registered() {
+    if is_child_process() {
+        return leaves_nothing_registered_child();
+    }
+    let (code, signal) = in_child_process(
+        "a_runtime_that_ends_leaves_no_memory_registered",
+        Duration::from_secs(60),
+    );
+    assert_eq!((code, signal), (Some(0), None));
+}
+
+/// Ranges of this process registered with any userfaultfd (VmFlags `um`
+/// or `uw` in smaps).
+fn registered_ranges() -> Vec<String> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut range = "";
+    let mut out = Vec::new();
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if flags.split_whitespace().any(|f| f == "um" || f == "uw") {
+                out.push(range.to_string());
+            }
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|w| w.contains('-') && !w.ends_with(':'))
+        {
+            range = line.split_whitespace().next().unwrap();
+        }
+    }
+    out
+}
+
+fn leaves_nothing_registered_child() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(2 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    // SAFETY: an inaccessible reservation to move pages onto.
+    let scratch = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            FOLIO,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(scratch, libc::MAP_FAILED);
+    let from = base + FOLIO + 2 * PAGE;
+    // SAFETY: moving two pages of our own region onto our reservation.
+    let to = unsafe {
+        libc::mremap(
+            from as *mut _,
+            2 * PAGE,
+            2 * PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            scratch,
+        )
+    };
+    assert_eq!(to, scratch);
+    // A child that outlives the runtime, holding copies of its descriptors.
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe for the child to wait on.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: the child only waits on the pipe and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut b = 0u8;
+        // SAFETY: reading one byte from our pipe, then ending at once.
+        unsafe {
+            libc::read(pipe[0], (&mut b as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(region);
+    drop(rt);
+    let left = registered_ranges();
+    // SAFETY: lets the child go, then reaps it.
+    unsafe {
+        libc::write(pipe[1], [0u8].as_ptr().cast(), 1);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    assert!(
+        left.is_empty(),
+        "still registered after the runtime ended: {left:?}"
+    );
+    std::process::exit(0);
+}

@@ -127,6 +127,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
 /// The program unmapped `start..end` (already gone from its page tables).
 pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize) {
     space.event_at_destinations(start, end, AtDestination::Unmapped);
+    space.forget_strays(start, end);
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
@@ -206,6 +207,7 @@ pub(crate) fn on_remap(
     // addresses, which no install will wake now: wake it to retry.
     super::swapin::wake_range(space, from, len);
     space.event_at_destinations(from, from + len, AtDestination::MovedTo(to));
+    space.forget_strays(from, from + len);
     for region in space.overlapping(from, from + len) {
         region.moves.fetch_add(1, Ordering::AcqRel);
     }
@@ -215,6 +217,13 @@ pub(crate) fn on_remap(
             return;
         }
     }
+    // What moved is registered memory no region covers (the event comes
+    // only for registered memory).
+    space
+        .strays
+        .lock()
+        .expect("strays lock")
+        .push((to, to + len));
     for (region, i) in folios_in(space, from, from + len) {
         let (lo, hi) = covered(&region, i, from, from + len);
         let dest = to + (region.folio_addr(i) + lo * PAGE_SIZE - from);

@@ -89,8 +89,8 @@ pub(crate) struct FolioRef {
     pub folio: u32,
 }
 
-/// One of the reclaimer's own MADV_DONTNEEDs: the REMOVE events inside it
-/// are its own, up to its length. The call returns as soon as the event
+/// One of the reclaimer's own MADV_DONTNEEDs and how far its REMOVE events
+/// have come (see [`Shared::is_own_drop`]). The call returns as soon as the event
 /// thread has read its events, which may be well before it applies them
 /// (while the program forks), so the record outlives the call: the event
 /// thread forgets it once it has applied every read up to the one current
@@ -98,7 +98,9 @@ pub(crate) struct FolioRef {
 struct OwnDrop {
     start: usize,
     end: usize,
-    unattributed: usize,
+    /// The end of the part from `start` on that the events taken as this
+    /// drop's cover.
+    cursor: usize,
     /// The event thread's read count when the call returned, once it has.
     returned_at: Option<u64>,
 }
@@ -442,7 +444,7 @@ impl Shared {
             .push(OwnDrop {
                 start,
                 end: start + len,
-                unattributed: len,
+                cursor: start,
                 returned_at: None,
             });
     }
@@ -494,20 +496,37 @@ impl Shared {
             .retain(|d| d.returned_at.is_none_or(|at| at > applied));
     }
 
-    /// Whether a REMOVE event is the reclaimer's own drop: inside a range it
-    /// is dropping, and no more of it than that range holds (the kernel
-    /// raises one event per mapping the range covers).
+    /// Whether a REMOVE event is the reclaimer's own drop.
+    ///
+    /// The kernel raises one REMOVE per mapping the range covers, in address
+    /// order, each starting where the one before ended; a gap is memory
+    /// unmapped meanwhile. So an event inside a drop in progress is the
+    /// drop's own if it extends the part covered so far from its start (the
+    /// cursor), or starts past a gap of unmapped memory. Any other event in
+    /// the range is the program's MADV_DONTNEED: it starts past the cursor
+    /// over mapped memory, or falls inside what the drop has covered already
+    /// (the program dropped pages the reclaimer had dropped: they read as
+    /// zero, as the program asked). Judged by a byte budget instead, as
+    /// before, a program's event took the budget of one of the drop's own,
+    /// which was then taken for the program's: its stored pages read as
+    /// zeros. Left open: a mapping split while the drop waits for its event
+    /// makes the kernel repeat part of the range, and that repetition is
+    /// taken for the program's drop; a program event that extends the
+    /// cursor exactly is taken for the reclaimer's.
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize) -> bool {
         if space.owner != Owner::Runtime {
             return false;
         }
         let mut drops = self.own_drops.lock().expect("own drops lock");
-        match drops
-            .iter_mut()
-            .find(|d| start >= d.start && end <= d.end && end - start <= d.unattributed)
-        {
+        let own = drops.iter_mut().find(|d| {
+            start >= d.start
+                && end <= d.end
+                && ((start <= d.cursor && end > d.cursor)
+                    || (start > d.cursor && crate::sys::any_unmapped(d.cursor, start)))
+        });
+        match own {
             Some(d) => {
-                d.unattributed -= end - start;
+                d.cursor = d.cursor.max(end);
                 true
             }
             None => false,
@@ -560,6 +579,12 @@ impl Shared {
                 }
             }
         }
+        // Where the region is and what of it the program unmapped or moved
+        // away are read under the gate: an munmap or mremap returns once its
+        // event is read, which may be before it is applied, and a range
+        // taken for the region's then may hold a new mapping by now. The
+        // release raises no event (the range is unregistered first).
+        let gate = self.read_gate();
         own.regions
             .write()
             .expect("regions lock")
@@ -574,6 +599,7 @@ impl Shared {
             }
             at = at.max(hi);
         }
+        drop(gate);
         self.reclaimed.1.notify_all();
     }
 
@@ -606,6 +632,20 @@ impl Shared {
         for t in threads {
             // A runtime thread that panicked has already aborted the process.
             t.join().expect("runtime threads end without panicking");
+        }
+        // Every region has been given back; memory moves carried out of
+        // them is unregistered too (see `Space::strays`).
+        let own = self.own_space();
+        for (start, end) in std::mem::take(&mut *own.strays.lock().expect("strays lock")) {
+            match own.uffd.unregister(start, end - start) {
+                Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
+                // Not ours any more in a way no event told (it cannot be
+                // unregistered as a whole): say so, there is nothing to lose.
+                Err(e) => eprintln!(
+                    "uswap: unregistering moved memory at {start:#x}+{:#x}: {e}",
+                    end - start
+                ),
+            }
         }
     }
 }

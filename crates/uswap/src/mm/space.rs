@@ -230,6 +230,12 @@ pub(crate) struct Space {
     pub extras: Mutex<HashMap<(u32, usize), Extras>>,
     /// False once the address space has exited or exec'd.
     pub alive: AtomicBool,
+    /// Registered memory outside every region: what moves carried out of
+    /// regions, as `start..end` ranges, forgotten when unmapped. A runtime
+    /// that ends unregisters them: its descriptor may live on in a forked
+    /// child, and a fork of this process would wait for ever on a FORK event
+    /// of a descriptor nobody reads.
+    pub strays: Mutex<Vec<(usize, usize)>>,
 }
 
 impl Space {
@@ -242,6 +248,7 @@ impl Space {
             regions: RwLock::new(Vec::new()),
             extras: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
+            strays: Mutex::new(Vec::new()),
         }
     }
 
@@ -272,6 +279,25 @@ impl Space {
                 x.at_destination(start, end, event);
             }
         }
+    }
+
+    /// Forgets the stray memory in `start..end` (unmapped, or moved on).
+    pub fn forget_strays(&self, start: usize, end: usize) {
+        let mut strays = self.strays.lock().expect("strays lock");
+        let mut kept = Vec::with_capacity(strays.len() + 1);
+        for &(a, b) in strays.iter() {
+            if b <= start || end <= a {
+                kept.push((a, b));
+                continue;
+            }
+            if a < start {
+                kept.push((a, start));
+            }
+            if end < b {
+                kept.push((end, b));
+            }
+        }
+        *strays = kept;
     }
 
     /// The regions overlapping `start..end`.

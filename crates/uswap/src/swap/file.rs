@@ -179,6 +179,8 @@ pub struct MemBacking {
 }
 
 impl MemBacking {
+    /// A backing of `slots` slots, none written yet (reading one fails
+    /// until it is) and no faults queued.
     pub fn new(slots: u32) -> MemBacking {
         MemBacking {
             pages: Mutex::new(HashMap::new()),

@@ -23,12 +23,18 @@ pub const RETURN_CACHE: usize = 64;
 /// How released slots are freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FreeMode {
+    /// Each slot is freed by the thread that releases it, at once.
     Immediate,
+    /// Released slots gather in a cache of [`RETURN_CACHE`] slots per
+    /// thread shard; the thread whose release fills a cache frees all of it.
     Batched,
+    /// As `Batched`, but a full cache goes to a background worker; the
+    /// releasing thread frees it itself only while the worker is busy.
     Async,
 }
 
 impl FreeMode {
+    /// The mode's name, as [`FromStr`](std::str::FromStr) parses it.
     pub fn name(self) -> &'static str {
         match self {
             FreeMode::Immediate => "immediate",
@@ -169,6 +175,9 @@ impl SlotReleaser {
         })
     }
 
+    /// The release counters so far. Each is read on its own, so a snapshot
+    /// taken while slots are being released need not be consistent across
+    /// counters.
     pub fn stats(&self) -> FreeStats {
         let c = &self.counters;
         FreeStats {
@@ -181,6 +190,7 @@ impl SlotReleaser {
         }
     }
 
+    /// The mode the releaser was created with.
     pub fn mode(&self) -> FreeMode {
         self.mode
     }

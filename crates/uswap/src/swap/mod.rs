@@ -3,7 +3,7 @@
 //! - [`slots`]: the cluster allocator (contiguous, aligned runs per folio).
 //! - [`free`]: returning slots immediately, in per-thread batches, or through
 //!   an async worker.
-//! - [`file`]: the unlinked, preallocated swap file and the [`Backing`]
+//! - [`file`](mod@file): the unlinked, preallocated swap file and the [`Backing`]
 //!   interface (with an in-memory, fault-injecting double for tests).
 
 pub mod file;

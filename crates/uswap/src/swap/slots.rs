@@ -154,6 +154,8 @@ impl SlotAllocator {
         }
     }
 
+    /// Slots in the swap space (the `slots` given to [`SlotAllocator::new`]),
+    /// free or not.
     pub fn slots(&self) -> u32 {
         self.slots
     }

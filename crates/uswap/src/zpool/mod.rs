@@ -4,8 +4,8 @@
 //! Objects of 1..=4096 bytes are packed into *zspages* (runs of 1..=8 pages)
 //! by size class ([`class`]); a [`Handle`] names an object and stays valid
 //! when [`Pool::compact`] moves objects out of sparse zspages into dense
-//! ones ([`handle`]). Pages come from large mappings of our own, and an
-//! empty zspage's pages go back to the OS at once ([`pages`]).
+//! ones (`handle`). Pages come from large mappings of our own, and an
+//! empty zspage's pages go back to the OS at once (`pages`).
 //!
 //! Per-object metadata, outside the pages, is the handle's 8-byte location
 //! word; each zspage adds a 16-byte record. As in zsmalloc, the free slots
@@ -146,14 +146,20 @@ impl Class {
 /// Statistics of one size class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClassStats {
+    /// Object slot size in bytes: every object in the class takes this
+    /// much, whatever its length.
     pub size: usize,
+    /// Pages chained into one zspage.
     pub pages_per_zspage: usize,
+    /// Objects one zspage holds.
     pub objs_per_zspage: usize,
     /// Object slots in this class's zspages.
     pub objs_allocated: usize,
     /// Slots holding an object.
     pub objs_used: usize,
+    /// Zspages the class holds now.
     pub zspages: usize,
+    /// Pages those zspages take (`zspages * pages_per_zspage`).
     pub pages_used: usize,
 }
 
@@ -180,6 +186,7 @@ impl Default for Pool {
 }
 
 impl Pool {
+    /// An empty pool: it takes pages from the OS only as objects arrive.
     pub fn new() -> Pool {
         let (shapes, step_to_class) = class::build();
         Pool {

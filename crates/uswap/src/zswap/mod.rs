@@ -16,7 +16,7 @@
 //! bytes do not match, or do not decompress, is a `decompress_fail` and an
 //! error, never data.
 //!
-//! Modules: [`index`] (slot -> entry), [`store`], [`load`], [`writeback`],
+//! Modules: `index` (slot -> entry), `store`, `load`, `writeback`,
 //! [`stats`].
 
 mod index;
@@ -43,11 +43,14 @@ pub use crate::page::{MAX_FOLIO_PAGES, PAGE_SIZE};
 /// A folio's slots: `pages` consecutive slots from `first`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlotRange {
+    /// The first slot.
     pub first: u32,
+    /// Pages in the folio, one slot each.
     pub pages: u32,
 }
 
 impl SlotRange {
+    /// Each slot of the range, in order.
     pub fn slots(self) -> impl Iterator<Item = u32> {
         self.first..self.first + self.pages
     }
@@ -111,10 +114,18 @@ pub enum PoolLimit {
     Bytes(usize),
     /// At most this percentage of a reference size (the kernel's
     /// `max_pool_percent` of total RAM).
-    Percent { percent: u8, of_bytes: usize },
+    Percent {
+        /// The percentage of `of_bytes`.
+        percent: u8,
+        /// The reference size in bytes (by default, the machine's physical
+        /// memory).
+        of_bytes: usize,
+    },
 }
 
 impl PoolLimit {
+    /// The limit in bytes; a percentage is `of_bytes / 100 * percent`, the
+    /// division rounding down.
     pub fn bytes(self) -> usize {
         match self {
             PoolLimit::Bytes(b) => b,
