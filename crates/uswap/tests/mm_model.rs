@@ -609,13 +609,7 @@ fn model_64k_folios() {
     cases(64 << 10);
 }
 
-/// Open defect (issue 7 stays open for it): with 2 MiB folios, about one
-/// concurrent run in five to a hundred ends with a run of pages of one
-/// folio (16 and 79 pages seen, in mprotect-split folios) reading zeros in
-/// both parent and child. Run it with `--ignored` (and `USWAP_MODEL_SEEDS`)
-/// to reproduce.
 #[test]
-#[ignore = "open defect: a rare run of zero pages in a split 2 MiB folio"]
 fn model_2m_folios() {
     cases(2 * MIB);
 }

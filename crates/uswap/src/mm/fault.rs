@@ -118,7 +118,7 @@ impl EventThread<'_> {
                     tid,
                 }),
                 Event::Remove { start, end } => {
-                    if !shared.is_own_drop(space, start, end) {
+                    if !shared.is_own_drop(space, start, end, applied) {
                         events::on_remove(shared, space, start, end);
                     }
                 }

@@ -496,24 +496,27 @@ impl Shared {
             .retain(|d| d.returned_at.is_none_or(|at| at > applied));
     }
 
-    /// Whether a REMOVE event is the reclaimer's own drop.
+    /// Whether a REMOVE event, read in read number `read`, is the
+    /// reclaimer's own drop.
     ///
     /// The kernel raises one REMOVE per mapping the range covers, in address
     /// order, each starting where the one before ended; a gap is memory
-    /// unmapped meanwhile. So an event inside a drop in progress is the
-    /// drop's own if it extends the part covered so far from its start (the
-    /// cursor), or starts past a gap of unmapped memory. Any other event in
-    /// the range is the program's MADV_DONTNEED: it starts past the cursor
-    /// over mapped memory, or falls inside what the drop has covered already
-    /// (the program dropped pages the reclaimer had dropped: they read as
-    /// zero, as the program asked). Judged by a byte budget instead, as
-    /// before, a program's event took the budget of one of the drop's own,
-    /// which was then taken for the program's: its stored pages read as
-    /// zeros. Left open: a mapping split while the drop waits for its event
-    /// makes the kernel repeat part of the range, and that repetition is
-    /// taken for the program's drop; a program event that extends the
-    /// cursor exactly is taken for the reclaimer's.
-    pub fn is_own_drop(&self, space: &Space, start: usize, end: usize) -> bool {
+    /// unmapped meanwhile; and when a mapping splits while the madvise waits
+    /// for an event (a program's mprotect), the kernel drops only up to the
+    /// split and raises the rest again: an event that ends where the last
+    /// one did. So an event inside a drop is the drop's own if it extends
+    /// the part covered so far from its start (the cursor), starts past a
+    /// gap of unmapped memory, or repeats the tail of the covered part while
+    /// the drop was still in progress when the event was read. Any other
+    /// event in the range is the program's MADV_DONTNEED, and its pages
+    /// become holes. (Judged by a byte budget instead, as before, a
+    /// program's event took the budget of one of the drop's own, which was
+    /// then taken for the program's: its stored pages read as zeros.) Left
+    /// open: a program event over the very same tail during the drop, or
+    /// that extends the cursor exactly, is taken for the reclaimer's (the
+    /// program then reads the bytes it dropped instead of zeros); the event
+    /// carries no thread to tell them apart.
+    pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
         if space.owner != Owner::Runtime {
             return false;
         }
@@ -522,7 +525,10 @@ impl Shared {
             start >= d.start
                 && end <= d.end
                 && ((start <= d.cursor && end > d.cursor)
-                    || (start > d.cursor && crate::sys::any_unmapped(d.cursor, start)))
+                    || (start > d.cursor && crate::sys::any_unmapped(d.cursor, start))
+                    || (start > d.start
+                        && end == d.cursor
+                        && d.returned_at.is_none_or(|at| at >= read)))
         });
         match own {
             Some(d) => {
