@@ -15,7 +15,11 @@
 //!   applies what it read;
 //! - child: the child is a copy with none of the runtime's threads: its
 //!   runtimes are marked, so that dropping them or their regions there
-//!   touches nothing (their descriptors act on the parent).
+//!   touches nothing, and its copies of their userfaultfds are replaced by
+//!   /dev/null. A copy would keep the descriptor alive after the parent's
+//!   runtime has closed it, and with it the registration of whatever the
+//!   parent left registered: the parent's next fork would then wait for
+//!   ever on a FORK event nobody reads.
 
 use super::Shared;
 use std::cell::RefCell;
@@ -95,9 +99,24 @@ extern "C" fn child() {
     let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
         return;
     };
+    // SAFETY: opening /dev/null; checked below.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     for (guard, shared) in prepared {
         shared.forked_copy.store(true, Ordering::Release);
+        // No runtime thread exists here to hold the lock for writing.
+        if let (true, Ok(spaces)) = (null >= 0, shared.spaces.try_read()) {
+            for space in spaces.iter() {
+                // SAFETY: replaces this process's copy of the descriptor; the
+                // number stays valid for the copy's owner, which never uses
+                // it here and closes /dev/null when dropped.
+                unsafe { libc::dup2(null, space.uffd.raw_fd()) };
+            }
+        }
         drop(guard);
+    }
+    if null >= 0 {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(null) };
     }
     drop(one);
 }
