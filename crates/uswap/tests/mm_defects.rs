@@ -805,3 +805,160 @@ fn a_forked_child_holds_no_userfaultfd_of_the_runtime() {
     }
     assert_eq!(held, 0, "userfaultfds the forked child holds");
 }
+
+/// Moves two pages out of `region` (the moved memory stays registered with
+/// the runtime's userfaultfd, outside every region).
+fn move_two_pages_out(region: &uswap::mm::Region) {
+    // SAFETY: an inaccessible reservation to move pages onto.
+    let scratch = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(scratch, libc::MAP_FAILED);
+    let from = region.as_ptr() as usize + FOLIO + 2 * PAGE;
+    // SAFETY: moving two pages of our own region onto our reservation.
+    let to = unsafe {
+        libc::mremap(
+            from as *mut _,
+            2 * PAGE,
+            2 * PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            scratch,
+        )
+    };
+    assert_eq!(to, scratch);
+}
+
+/// Found by a long model soak: while a runtime ended (its threads stopping)
+/// another thread forked. The kernel asks every userfaultfd with memory
+/// registered in the process about a fork and holds the forking thread
+/// until it is read; the runtime's event thread had already stopped, and
+/// the fork's own child held a copy of the descriptor, so the fork waited
+/// for ever.
+#[test]
+fn a_fork_while_a_runtime_ends_does_not_hang() {
+    if is_child_process() {
+        return fork_while_ending_child();
+    }
+    let (code, signal) = in_child_process(
+        "a_fork_while_a_runtime_ends_does_not_hang",
+        Duration::from_secs(60),
+    );
+    assert_eq!((code, signal), (Some(0), None));
+}
+
+fn fork_while_ending_child() {
+    for _ in 0..3 {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(2 * MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        move_two_pages_out(&region);
+        let ended = Arc::new(AtomicBool::new(false));
+        let forker = {
+            let ended = ended.clone();
+            std::thread::spawn(move || {
+                let mut forks = 0;
+                while !ended.load(Ordering::Acquire) || forks == 0 {
+                    // SAFETY: the child leaves at once with _exit.
+                    let pid = unsafe { libc::fork() };
+                    assert!(pid >= 0);
+                    if pid == 0 {
+                        // SAFETY: ends the child without running anything.
+                        unsafe { libc::_exit(0) };
+                    }
+                    let mut status = 0;
+                    // SAFETY: reaps our own child.
+                    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+                    assert_eq!(status, 0);
+                    forks += 1;
+                }
+            })
+        };
+        drop(region);
+        drop(rt);
+        ended.store(true, Ordering::Release);
+        forker.join().unwrap();
+    }
+    std::process::exit(0);
+}
+
+/// Forks a child that waits for a byte on a pipe, then compares its copy of
+/// `len` bytes at `base` (filled by `fill_and_evict`) word by word and
+/// exits 0 if every word is right. Returns its pid and the pipe's write end.
+fn fork_checking_child(base: usize, len: usize) -> (libc::pid_t, i32) {
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe for the child to wait on.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: the child waits, compares its memory and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let mut b = 0u8;
+        // SAFETY: one byte from our pipe.
+        unsafe { libc::read(pipe[0], (&mut b as *mut u8).cast(), 1) };
+        let wrong = (0..len / 8)
+            // SAFETY: the child's copy of the range, still mapped.
+            .filter(|&i| unsafe { std::ptr::read_volatile((base + i * 8) as *const u64) } != i as u64 ^ 0x5555)
+            .count();
+        // SAFETY: ends the child without running anything else.
+        unsafe { libc::_exit(if wrong == 0 { 0 } else { 1 }) };
+    }
+    // SAFETY: our copy of the read end.
+    unsafe { libc::close(pipe[0]) };
+    (pid, pipe[1])
+}
+
+/// Lets the child of `fork_checking_child` compare, and asserts it found
+/// every word right.
+fn child_found_every_word((pid, go): (libc::pid_t, i32)) {
+    let mut status = 0;
+    // SAFETY: lets the child go, then reaps it.
+    unsafe {
+        libc::write(go, [0u8].as_ptr().cast(), 1);
+        libc::close(go);
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+    }
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child read wrong bytes");
+}
+
+/// A region dropped right after a fork: the child's copy of its folios was
+/// taken when the fork's event was applied, which could be after the drop
+/// had marked them gone (the child then read zeros for its swapped pages).
+#[test]
+fn a_region_dropped_right_after_a_fork_stays_whole_in_the_child() {
+    within(Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        for _ in 0..4 {
+            let region = rt.map(2 * MIB).unwrap();
+            fill_and_evict(&rt, &region);
+            assert!(rt.stats().store.stored_pages > 0, "nothing was swapped out");
+            let child = fork_checking_child(region.as_ptr() as usize, 2 * MIB);
+            drop(region);
+            child_found_every_word(child);
+        }
+    });
+}
+
+/// A forked child still running when its parent's runtime ends keeps its
+/// memory: what it shared from the parent's store is installed in it before
+/// the runtime lets go of it (it read zeros).
+#[test]
+fn a_forked_child_keeps_its_memory_when_the_runtime_ends() {
+    within(Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(2 * MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        assert!(rt.stats().store.stored_pages > 0, "nothing was swapped out");
+        let child = fork_checking_child(region.as_ptr() as usize, 2 * MIB);
+        drop(region);
+        drop(rt);
+        child_found_every_word(child);
+    });
+}

@@ -24,6 +24,7 @@ use super::uffd::{Event, Partial, UffdError};
 use super::Shared;
 use crate::page::{page_floor, PAGE_SIZE};
 use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +60,8 @@ struct EventThread<'a> {
     /// One entry per space, for poll; grown only under the gate (never
     /// while the program forks: see `read_pending`).
     pollfds: Vec<libc::pollfd>,
+    /// When exited children were last looked for.
+    reaped: Instant,
 }
 
 /// Events one read takes at most.
@@ -250,16 +253,27 @@ pub(crate) fn event_loop(shared: &Shared) {
         raw: Vec::with_capacity(PENDING_EVENTS),
         origin: Vec::with_capacity(PENDING_EVENTS),
         pollfds: Vec::with_capacity(64),
+        reaped: Instant::now(),
     };
-    let mut checked = Instant::now();
     shared.thread_started();
     while !shared.shutdown.load(Ordering::Acquire) {
-        if checked.elapsed() >= CHILD_CHECK {
-            ev.reap_children();
-            checked = Instant::now();
+        ev.turn();
+    }
+    ev.finish();
+}
+
+impl EventThread<'_> {
+    /// One round of service: now and then a look for children that exited,
+    /// then a wait (bounded) for events, which are read and applied, then
+    /// the follow-up installs and the faults read.
+    fn turn(&mut self) {
+        let shared = self.shared;
+        if self.reaped.elapsed() >= CHILD_CHECK {
+            self.reap_children();
+            self.reaped = Instant::now();
         }
-        if ev.backlog.is_empty() && ev.follow_ups.is_empty() {
-            let pollfds = &mut ev.pollfds;
+        if self.backlog.is_empty() && self.follow_ups.is_empty() {
+            let pollfds = &mut self.pollfds;
             pollfds.clear();
             pollfds.extend(shared.spaces.read().expect("spaces lock").iter().map(|s| {
                 libc::pollfd {
@@ -277,23 +291,112 @@ pub(crate) fn event_loop(shared: &Shared) {
                 )
             } <= 0
             {
-                continue;
+                return;
             }
-            ev.read_pending();
+            self.read_pending();
         }
-        ev.hold_pass();
-        for fu in std::mem::take(&mut ev.follow_ups) {
-            swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut ev);
+        self.hold_pass();
+        for fu in std::mem::take(&mut self.follow_ups) {
+            swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, self);
         }
-        while let Some(fault) = ev.backlog.pop_front() {
+        while let Some(fault) = self.backlog.pop_front() {
             bump(&shared.counters.faults);
-            if !handle_fault(shared, &fault, &mut ev) {
+            if !handle_fault(shared, &fault, self) {
                 let (queue, cv) = &shared.faults;
                 queue.lock().expect("fault queue lock").push_back(fault);
                 cv.notify_one();
             }
         }
-        ev.pass = None;
+        self.pass = None;
+    }
+
+    /// The runtime is ending. While memory of the process is registered
+    /// with one of its descriptors, the kernel raises a FORK event there for
+    /// every fork and holds the forking thread until it is read; the fork's
+    /// child already has a copy of the descriptor then, so closing ours
+    /// would not let the fork go. So this thread serves on until the other
+    /// runtime threads have ended and no fork is in flight; then, with forks
+    /// held off, it installs in forked children what they still share from
+    /// the store (the store ends with the runtime), unregisters what moves
+    /// carried out of regions, and lets go of every descriptor.
+    fn finish(&mut self) {
+        loop {
+            if self.shared.helpers_ended.load(Ordering::Acquire) {
+                if let Some(_no_fork) = super::fork::quiet() {
+                    while self.give_children_their_memory() {
+                        self.turn();
+                    }
+                    self.let_go();
+                    return;
+                }
+            }
+            self.turn();
+        }
+    }
+
+    /// Swaps in every folio forked children still share from the store.
+    /// Returns whether some folio was busy (a follow-up or an eviction's
+    /// heir not settled yet): the caller serves a round and asks again.
+    fn give_children_their_memory(&mut self) -> bool {
+        let shared = self.shared;
+        let children: Vec<Arc<Space>> = shared
+            .spaces
+            .read()
+            .expect("spaces lock")
+            .iter()
+            .filter(|s| s.owner == Owner::Child && s.alive.load(Ordering::Acquire))
+            .cloned()
+            .collect();
+        let mut busy = false;
+        self.hold_pass();
+        for space in &children {
+            let regions = space.regions.read().expect("regions lock").clone();
+            for region in &regions {
+                for (i, f) in region.folios.iter().enumerate() {
+                    let w = f.load();
+                    match folio::state(w) {
+                        SWAPPED => {
+                            let loading =
+                                folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA);
+                            if f.transition(w, loading) {
+                                swapin::swap_in(shared, space, region, i, self);
+                            } else {
+                                busy = true;
+                            }
+                        }
+                        EVICTING | LOADING | ZEROING | INHERITING => busy = true,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        self.pass = None;
+        busy
+    }
+
+    /// Unregisters the memory moves carried out of the runtime's regions
+    /// (see `Space::strays`), then lets go of every descriptor: the kernel
+    /// unregisters whatever else is still registered with them.
+    fn let_go(&mut self) {
+        let own = self.shared.own_space();
+        for (start, end) in std::mem::take(&mut *own.strays.lock().expect("strays lock")) {
+            match own.uffd.unregister(start, end - start) {
+                Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
+                // Not ours any more in a way no event told (it cannot be
+                // unregistered as a whole): letting go below clears it.
+                Err(e) => eprintln!(
+                    "uswap: unregistering moved memory at {start:#x}+{:#x}: {e}",
+                    end - start
+                ),
+            }
+        }
+        let placeholder = std::fs::File::open("/dev/null").expect("opening /dev/null");
+        for space in self.shared.spaces.read().expect("spaces lock").iter() {
+            space
+                .uffd
+                .let_go(placeholder.as_raw_fd())
+                .expect("letting go of a userfaultfd");
+        }
     }
 }
 

@@ -17,14 +17,18 @@
 //!   runtimes are marked, so that dropping them or their regions there
 //!   touches nothing, and its copies of their userfaultfds are replaced by
 //!   /dev/null. A copy would keep the descriptor alive after the parent's
-//!   runtime has closed it, and with it the registration of whatever the
+//!   runtime has let go of it, and with it the registration of whatever the
 //!   parent left registered: the parent's next fork would then wait for
 //!   ever on a FORK event nobody reads.
+//!
+//! A runtime that is ending is prepared like any other until it is gone:
+//! its event thread reads fork events until it has let go of its
+//! descriptors, which it does only while no fork is in flight ([`quiet`]).
 
 use super::Shared;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, Once, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Once, RwLockWriteGuard, TryLockError, Weak};
 
 /// Every live runtime of the process.
 static RUNTIMES: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
@@ -58,6 +62,16 @@ pub(crate) fn register(shared: &Arc<Shared>) {
     all.push(Arc::downgrade(shared));
 }
 
+/// Holds forks off while the caller has it: no fork is in flight (between
+/// its prepare and parent handlers). `None` while one is.
+pub(crate) fn quiet() -> Option<MutexGuard<'static, ()>> {
+    match ONE_FORK.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::WouldBlock) => None,
+        Err(TryLockError::Poisoned(_)) => panic!("fork lock poisoned"),
+    }
+}
+
 extern "C" fn prepare() {
     let one = ONE_FORK.lock().expect("fork lock");
     let runtimes: Vec<Arc<Shared>> = RUNTIMES
@@ -68,7 +82,7 @@ extern "C" fn prepare() {
         .collect();
     let mut prepared = Vec::with_capacity(runtimes.len());
     for shared in runtimes {
-        if shared.shutdown.load(Ordering::Acquire) || shared.forked_copy.load(Ordering::Acquire) {
+        if shared.forked_copy.load(Ordering::Acquire) {
             continue;
         }
         let guard = shared.gate.write().expect("event gate");
@@ -106,13 +120,20 @@ extern "C" fn child() {
         // No runtime thread exists here to hold the lock for writing.
         if let (true, Ok(spaces)) = (null >= 0, shared.spaces.try_read()) {
             for space in spaces.iter() {
-                // SAFETY: replaces this process's copy of the descriptor; the
-                // number stays valid for the copy's owner, which never uses
-                // it here and closes /dev/null when dropped.
-                unsafe { libc::dup2(null, space.uffd.raw_fd()) };
+                if space.uffd.let_go(null).is_err() {
+                    // What is left is at worst the hang described above
+                    // (never wrong data): say so, without allocating.
+                    const MSG: &[u8] = b"uswap: a forked child kept a copy of a userfaultfd\n";
+                    // SAFETY: writing a static buffer to stderr.
+                    unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+                }
             }
         }
         drop(guard);
+        // Never dropped here: this may be the last reference (the runtime
+        // was ending in the parent), and its drop would wait for threads
+        // that do not exist in the child.
+        std::mem::forget(shared);
     }
     if null >= 0 {
         // SAFETY: our own descriptor.

@@ -147,6 +147,9 @@ pub(crate) struct Shared {
     pub forked_copy: AtomicBool,
     /// Handles (the runtime and its regions) still held by users.
     users: AtomicUsize,
+    /// The runtime is ending and its threads other than the event thread
+    /// have ended.
+    pub helpers_ended: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Threads that have made their start-up allocations (see
     /// [`Shared::thread_started`]).
@@ -212,6 +215,7 @@ impl Runtime {
             unapplied: AtomicBool::new(false),
             forked_copy: AtomicBool::new(false),
             users: AtomicUsize::new(1),
+            helpers_ended: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             started: (Mutex::new(0), Condvar::new()),
             config,
@@ -551,15 +555,23 @@ impl Shared {
         let own = self.own_space();
         for (i, f) in region.folios.iter().enumerate() {
             loop {
+                // Each step is taken under the gate: a fork the program has
+                // just made copies the folios' states when its event is
+                // applied, and must find them as they were at the fork.
+                let gate = self.read_gate();
                 let w = f.load();
                 match folio::state(w) {
-                    folio::EVICTING | folio::LOADING | folio::ZEROING => std::thread::yield_now(),
+                    folio::EVICTING | folio::LOADING | folio::ZEROING => {
+                        drop(gate);
+                        std::thread::yield_now();
+                    }
                     folio::SWAPPED if !region.owned => {
                         // The caller's mapping gets its data back.
                         if f.transition(
                             w,
                             folio::with_slot(folio::LOADING, folio::slot(w)) | (w & folio::EXTRA),
                         ) {
+                            drop(gate);
                             swapin::swap_in(self, &own, region, i, &mut Worker);
                         }
                     }
@@ -634,24 +646,18 @@ impl Shared {
         self.kick_reclaim();
         self.faults.1.notify_all();
         self.reclaimed.1.notify_all();
-        let threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
+        let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
+        // The event thread (started first) ends last: it lets go of the
+        // descriptors once nothing else can use them (see
+        // `fault::EventThread::finish`).
+        let event_thread = (!threads.is_empty()).then(|| threads.remove(0));
         for t in threads {
             // A runtime thread that panicked has already aborted the process.
             t.join().expect("runtime threads end without panicking");
         }
-        // Every region has been given back; memory moves carried out of
-        // them is unregistered too (see `Space::strays`).
-        let own = self.own_space();
-        for (start, end) in std::mem::take(&mut *own.strays.lock().expect("strays lock")) {
-            match own.uffd.unregister(start, end - start) {
-                Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
-                // Not ours any more in a way no event told (it cannot be
-                // unregistered as a whole): say so, there is nothing to lose.
-                Err(e) => eprintln!(
-                    "uswap: unregistering moved memory at {start:#x}+{:#x}: {e}",
-                    end - start
-                ),
-            }
+        self.helpers_ended.store(true, Ordering::Release);
+        if let Some(t) = event_thread {
+            t.join().expect("runtime threads end without panicking");
         }
     }
 }

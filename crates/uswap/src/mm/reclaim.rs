@@ -67,7 +67,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     shared.thread_started();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
-            release_plug(&mut plug);
+            release_plug(shared, &own, &mut plug);
             return;
         }
         let over = shared.resident.load(Ordering::Acquire) > shared.config.memory_high;
@@ -523,10 +523,23 @@ fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
 }
 
 /// On shutdown: leave plugged folios resident (they are not protected
-/// until a flush).
-fn release_plug(plug: &mut Vec<Victim>) {
+/// until a flush); a child forked meanwhile has them resident too.
+fn release_plug(shared: &Shared, own: &Space, plug: &mut Vec<Victim>) {
+    if plug.is_empty() {
+        return;
+    }
+    let _gate = shared.read_gate();
+    let mut none = Vec::new();
     for v in plug.drain(..) {
         let f = &v.region.folios[v.folio];
         f.set(RESIDENT | (f.load() & folio::EXTRA));
+        events::resolve_inheritors(
+            shared,
+            own.id,
+            v.region.id,
+            v.folio,
+            Outcome::Resident,
+            &mut none,
+        );
     }
 }

@@ -332,6 +332,22 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
+    /// Lets go of this process's reference to the userfaultfd, keeping the
+    /// descriptor's number taken: it refers to `placeholder` (an open
+    /// /dev/null) from then on, until dropped, so that nothing still holding
+    /// the number acts on an unrelated file. Once no process holds the
+    /// userfaultfd, the kernel unregisters all memory registered with it and
+    /// wakes whatever waits on it. Uses no allocation (a forked child's
+    /// handler calls it).
+    pub fn let_go(&self, placeholder: i32) -> io::Result<()> {
+        // SAFETY: replaces our own descriptor's file; `placeholder` is the
+        // caller's open descriptor.
+        if unsafe { libc::dup3(placeholder, self.fd.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Registers a range for missing and write-protect faults.
     pub fn register(&self, start: usize, len: usize) -> Result<(), UffdError> {
         let mut reg = UffdioRegister {
