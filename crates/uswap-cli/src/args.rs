@@ -91,37 +91,37 @@ impl DeviceArgs {
 pub struct RuntimeArgs {
     /// Resident managed memory above which folios are compressed away (for
     /// the whole run; with --processes each process gets its share).
-    #[arg(long, default_value = "512M", value_parser = size)]
+    #[arg(long, env = "USWAP_MEMORY_HIGH", default_value = "512M", value_parser = size)]
     pub memory_high: u64,
     /// The unit evicted, stored and brought back together.
-    #[arg(long, default_value = "64k", value_parser = folio_size)]
+    #[arg(long, env = "USWAP_FOLIO_SIZE", default_value = "64k", value_parser = folio_size)]
     pub folio_size: usize,
     /// Codec by kernel name (lz4, lzo, lzo-rle, zstd, deflate, canned).
-    #[arg(long, default_value = "lz4", value_parser = codec_name)]
+    #[arg(long, env = "USWAP_COMPRESSOR", default_value = "lz4", value_parser = codec_name)]
     pub compressor: String,
     /// Folios per reclaim batch (1..32).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
+    #[arg(long, env = "USWAP_COMPRESS_BATCHSIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
     pub compress_batchsize: u32,
     /// Readahead of 2^N folios.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=9))]
+    #[arg(long, env = "USWAP_PAGE_CLUSTER", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=9))]
     pub page_cluster: u32,
     /// Pool limit as a percentage of physical memory.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(1..=100))]
+    #[arg(long, env = "USWAP_MAX_POOL_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub max_pool_percent: u8,
     /// Stores resume below this percentage of the pool limit.
-    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    #[arg(long, env = "USWAP_ACCEPT_THRESHOLD_PERCENT", default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub accept_threshold_percent: u8,
     /// Compression engines.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
+    #[arg(long, env = "USWAP_ENGINES", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
     pub engines: u32,
     /// Directory for a swap file (none by default).
-    #[arg(long, value_parser = existing_dir)]
+    #[arg(long, env = "USWAP_SWAP_DIR", value_parser = existing_dir)]
     pub swap_dir: Option<PathBuf>,
     /// Size of the swap file.
-    #[arg(long, default_value = "4G", value_parser = size)]
+    #[arg(long, env = "USWAP_SWAP_SIZE", default_value = "4G", value_parser = size)]
     pub swap_size: u64,
     /// How freed swap slots are returned: immediate, batched or async.
-    #[arg(long, default_value = "async")]
+    #[arg(long, env = "USWAP_SLOT_FREE", default_value = "async")]
     pub slot_free: uswap::swap::FreeMode,
 }
 

@@ -6,6 +6,7 @@
 
 mod args;
 mod bench;
+mod run;
 mod train_dict;
 mod usemem;
 
@@ -34,6 +35,13 @@ enum Command {
     TrainDict(train_dict::Args),
     /// vm-scalability's usemem on managed memory: write, hold, verify.
     Usemem(usemem::Args),
+    /// Run a program (and its children) under a memory limit: what does not
+    /// fit is compressed away and comes back on touch.
+    ///
+    /// Every option can also be given in the environment, as USWAP_ and the
+    /// option's name in capitals with underscores (--memory-high:
+    /// USWAP_MEMORY_HIGH).
+    Run(run::Args),
 }
 
 #[derive(Subcommand)]
@@ -59,6 +67,7 @@ fn main() -> ExitCode {
         },
         Command::TrainDict(args) => train_dict::run(&args),
         Command::Usemem(args) => usemem::run(&args),
+        Command::Run(args) => run::run(&args).map(|never| match never {}),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -65,6 +65,9 @@ counters! {
     evicted_folios,
     /// Folios the store refused (they stayed resident).
     eviction_refused,
+    /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
+    /// stayed resident and their stored copies were freed.
+    eviction_drop_failed,
     /// Plugs flushed to the store.
     reclaim_batches,
     /// Times the reclaimer backed off because the store refused everything

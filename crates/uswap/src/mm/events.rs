@@ -185,7 +185,7 @@ fn untrack_resident(shared: &Shared, space: &Space, region: &RegionInner, i: usi
 }
 
 fn uncount_resident(shared: &Shared, space: &Space, region: &RegionInner) {
-    if space.owner == Owner::Runtime {
+    if space.is_evicted() {
         shared
             .resident
             .fetch_sub(region.folio_size, Ordering::AcqRel);
@@ -269,7 +269,12 @@ pub(crate) fn on_fork(
     child: Uffd,
     follow_ups: &mut Vec<FollowUp>,
 ) -> Arc<Space> {
-    let space = Arc::new(Space::new(shared.next_space_id(), child, Owner::Child));
+    let space = Arc::new(Space::new(
+        shared.next_space_id(),
+        child,
+        Owner::Child,
+        None,
+    ));
     let mut regions = Vec::new();
     for r in parent.regions.read().expect("regions lock").iter() {
         let copy = Arc::new(RegionInner::new(
@@ -415,20 +420,27 @@ pub(crate) fn resolve_inheritors(
     }
 }
 
-/// A child address space has exited or exec'd: drops its references to
-/// stored entries. Runs under the gate's write side; folios a worker is
-/// loading are released by that worker when its install finds the space
-/// gone.
+/// A served address space (a forked child, an attached process) has exited
+/// or exec'd: drops its references to stored entries and its resident
+/// memory from the count. Runs under the gate's write side; folios a worker
+/// is loading or evicting are released by that worker when it finds the
+/// space gone.
 pub(crate) fn release_space(shared: &Shared, space: &Space) {
     space.alive.store(false, Ordering::Release);
     for region in space.regions.read().expect("regions lock").iter() {
         for (i, f) in region.folios.iter().enumerate() {
             let w = f.load();
-            if folio::state(w) == SWAPPED {
-                f.set(GONE);
-                shared.store.invalidate(region.slots_of(w));
-            } else if folio::state(w) == INHERITING {
-                f.set(GONE);
+            match folio::state(w) {
+                SWAPPED => {
+                    f.set(GONE);
+                    shared.store.invalidate(region.slots_of(w));
+                }
+                INHERITING => f.set(GONE),
+                RESIDENT => {
+                    f.set(GONE);
+                    uncount_resident(shared, space, region);
+                }
+                _ => {}
             }
             space.take_extras(region, i);
         }

@@ -198,7 +198,7 @@ impl EventThread<'_> {
             .read()
             .expect("spaces lock")
             .iter()
-            .filter(|s| s.owner == Owner::Child && !s.uffd.is_alive())
+            .filter(|s| s.owner != Owner::Runtime && !s.uffd.is_alive())
             .cloned()
             .collect();
         if gone.is_empty() {
@@ -316,14 +316,15 @@ impl EventThread<'_> {
     /// child already has a copy of the descriptor then, so closing ours
     /// would not let the fork go. So this thread serves on until the other
     /// runtime threads have ended and no fork is in flight; then, with forks
-    /// held off, it installs in forked children what they still share from
-    /// the store (the store ends with the runtime), unregisters what moves
+    /// held off, it installs in forked children and attached processes what
+    /// they still hold in the store (the store ends with the runtime; they
+    /// must never read zeros instead), unregisters what moves
     /// carried out of regions, and lets go of every descriptor.
     fn finish(&mut self) {
         loop {
             if self.shared.helpers_ended.load(Ordering::Acquire) {
                 if let Some(_no_fork) = super::fork::quiet() {
-                    while self.give_children_their_memory() {
+                    while self.give_served_spaces_their_memory() {
                         self.turn();
                     }
                     self.let_go();
@@ -334,17 +335,18 @@ impl EventThread<'_> {
         }
     }
 
-    /// Swaps in every folio forked children still share from the store.
-    /// Returns whether some folio was busy (a follow-up or an eviction's
-    /// heir not settled yet): the caller serves a round and asks again.
-    fn give_children_their_memory(&mut self) -> bool {
+    /// Swaps in every folio that forked children and attached processes
+    /// still hold in the store. Returns whether some folio was busy (a
+    /// follow-up or an eviction's heir not settled yet): the caller serves a
+    /// round and asks again.
+    fn give_served_spaces_their_memory(&mut self) -> bool {
         let shared = self.shared;
         let children: Vec<Arc<Space>> = shared
             .spaces
             .read()
             .expect("spaces lock")
             .iter()
-            .filter(|s| s.owner == Owner::Child && s.alive.load(Ordering::Acquire))
+            .filter(|s| s.owner != Owner::Runtime && s.alive.load(Ordering::Acquire))
             .cloned()
             .collect();
         let mut busy = false;
@@ -535,7 +537,7 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
             unprotect(space, page)
         };
     }
-    let own = space.owner == Owner::Runtime;
+    let own = space.is_evicted();
     loop {
         let w = f.load();
         match folio::state(w) {

@@ -50,18 +50,21 @@
 //! and gets the stored data back) or refused and unprotected (its write
 //! lands in place).
 
+mod attached;
 mod config;
 mod counters;
 mod events;
 mod fault;
 mod folio;
 mod fork;
+pub mod memory;
 mod reclaim;
 mod region;
 mod space;
 mod swapin;
 pub mod uffd;
 
+pub use attached::Attached;
 pub use config::{BadConfig, Builder, RuntimeConfig};
 pub use counters::RuntimeStats;
 pub use region::Region;
@@ -73,6 +76,7 @@ use crate::zswap::{PoolLimit, Zswap, ZswapConfig};
 use counters::Counters;
 use events::Inheritor;
 use fault::Fault;
+use memory::Memory;
 use space::{Owner, RegionInner, Space};
 use std::collections::VecDeque;
 use std::io;
@@ -82,9 +86,10 @@ use std::thread::JoinHandle;
 use swapin::Worker;
 use uffd::{Features, Uffd, UffdError};
 
-/// A folio in the reclaim FIFO (of the runtime's own space).
+/// A folio in the reclaim FIFO.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FolioRef {
+    pub space: u32,
     pub region: u32,
     pub folio: u32,
 }
@@ -96,6 +101,8 @@ pub(crate) struct FolioRef {
 /// thread forgets it once it has applied every read up to the one current
 /// when the call returned.
 struct OwnDrop {
+    /// The address space dropped from.
+    space: u32,
     start: usize,
     end: usize,
     /// The end of the part from `start` on that the events taken as this
@@ -195,7 +202,12 @@ impl Runtime {
         let shared = Arc::new(Shared {
             store,
             gate: RwLock::new(()),
-            spaces: RwLock::new(vec![Arc::new(Space::new(0, uffd, Owner::Runtime))]),
+            spaces: RwLock::new(vec![Arc::new(Space::new(
+                0,
+                uffd,
+                Owner::Runtime,
+                Some(Memory::Own),
+            ))]),
             next_space: AtomicU32::new(1),
             next_region: AtomicU32::new(0),
             inheritors: Mutex::new(Vec::new()),
@@ -338,18 +350,7 @@ impl Runtime {
                 "registering with userfaultfd: {e}"
             )));
         }
-        if initial == folio::RESIDENT {
-            shared.resident.fetch_add(len, Ordering::AcqRel);
-            let mut fifo = shared.fifo.lock().expect("fifo lock");
-            for f in 0..inner.folios.len() {
-                fifo.push_back(FolioRef {
-                    region: id,
-                    folio: f as u32,
-                });
-            }
-            drop(fifo);
-            shared.kick_reclaim();
-        }
+        shared.count_resident_region(&own, &inner);
         shared.users.fetch_add(1, Ordering::AcqRel);
         Ok(Region {
             shared: shared.clone(),
@@ -428,6 +429,38 @@ impl Shared {
         self.spaces.read().expect("spaces lock")[0].clone()
     }
 
+    /// Counts a new region's resident folios towards `memory_high` and
+    /// queues them for reclaim.
+    fn count_resident_region(&self, space: &Space, region: &RegionInner) {
+        let mut fifo = self.fifo.lock().expect("fifo lock");
+        let mut resident = 0;
+        for (i, f) in region.folios.iter().enumerate() {
+            if folio::state(f.load()) == folio::RESIDENT {
+                resident += region.folio_size;
+                fifo.push_back(FolioRef {
+                    space: space.id,
+                    region: region.id,
+                    folio: i as u32,
+                });
+            }
+        }
+        drop(fifo);
+        if resident > 0 {
+            self.resident.fetch_add(resident, Ordering::AcqRel);
+            self.kick_reclaim();
+        }
+    }
+
+    /// The live space with `id`.
+    pub fn space(&self, id: u32) -> Option<Arc<Space>> {
+        self.spaces
+            .read()
+            .expect("spaces lock")
+            .iter()
+            .find(|s| s.id == id && s.alive.load(Ordering::Acquire))
+            .cloned()
+    }
+
     /// A fresh address space id.
     pub fn next_space_id(&self) -> u32 {
         self.next_space.fetch_add(1, Ordering::Relaxed)
@@ -440,12 +473,14 @@ impl Shared {
         cv.notify_one();
     }
 
-    /// The reclaimer is about to MADV_DONTNEED `start..start + len`.
-    fn begin_own_drop(&self, start: usize, len: usize) {
+    /// The reclaimer is about to MADV_DONTNEED `start..start + len` of
+    /// `space`.
+    fn begin_own_drop(&self, space: u32, start: usize, len: usize) {
         self.own_drops
             .lock()
             .expect("own drops lock")
             .push(OwnDrop {
+                space,
                 start,
                 end: start + len,
                 cursor: start,
@@ -453,12 +488,12 @@ impl Shared {
             });
     }
 
-    /// The reclaimer's MADV_DONTNEED of `start` returned.
-    fn end_own_drop(&self, start: usize) {
+    /// The reclaimer's MADV_DONTNEED of `start` in `space` returned.
+    fn end_own_drop(&self, space: u32, start: usize) {
         let mut drops = self.own_drops.lock().expect("own drops lock");
         let d = drops
             .iter_mut()
-            .find(|d| d.start == start && d.returned_at.is_none())
+            .find(|d| d.space == space && d.start == start && d.returned_at.is_none())
             .expect("the drop was registered");
         d.returned_at = Some(self.reads.load(Ordering::Acquire));
     }
@@ -521,15 +556,16 @@ impl Shared {
     /// program then reads the bytes it dropped instead of zeros); the event
     /// carries no thread to tell them apart.
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
-        if space.owner != Owner::Runtime {
+        let Some(memory) = &space.memory else {
             return false;
-        }
+        };
         let mut drops = self.own_drops.lock().expect("own drops lock");
         let own = drops.iter_mut().find(|d| {
-            start >= d.start
+            d.space == space.id
+                && start >= d.start
                 && end <= d.end
                 && ((start <= d.cursor && end > d.cursor)
-                    || (start > d.cursor && crate::sys::any_unmapped(d.cursor, start))
+                    || (start > d.cursor && memory.any_unmapped(d.cursor, start))
                     || (start > d.start
                         && end == d.cursor
                         && d.returned_at.is_none_or(|at| at >= read)))

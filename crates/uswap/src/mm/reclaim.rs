@@ -27,6 +27,7 @@
 
 use super::events::{self, Outcome};
 use super::folio::{self, ACTIVE, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
+use super::memory::{DropError, Memory};
 use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
@@ -37,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Victim {
+    space: Arc<Space>,
     region: Arc<RegionInner>,
     folio: usize,
     /// Where the folio was when its flush began: write protection, copy-out
@@ -57,7 +59,6 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
     shared.reclaimer_tid.store(tid, Ordering::Relaxed);
-    let own = shared.own_space();
     let mut plug: Vec<Victim> = Vec::new();
     let mut plugged_at = Instant::now();
     let mut staging: Vec<u8> = Vec::new();
@@ -67,22 +68,24 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     shared.thread_started();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
-            release_plug(shared, &own, &mut plug);
+            release_plug(shared, &mut plug);
             return;
         }
         let over = shared.resident.load(Ordering::Acquire) > shared.config.memory_high;
         let pause_left = backoff.saturating_sub(refused_at.elapsed());
         let victim = if over && pause_left.is_zero() {
-            next_victim(&own, shared)
+            next_victim(shared)
         } else {
             None
         };
         let flush_now = match &victim {
             Some(v) => {
-                if v.region.folio_size >= 2 << 20 && !plug.is_empty() {
+                // A plug holds one address space's folios; a 2 MiB folio
+                // goes alone.
+                let other_space = plug.first().is_some_and(|p| p.space.id != v.space.id);
+                if (v.region.folio_size >= 2 << 20 || other_space) && !plug.is_empty() {
                     flush_and_pace(
                         shared,
-                        &own,
                         &mut plug,
                         &mut staging,
                         &mut backoff,
@@ -103,7 +106,6 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             if plug.len() >= shared.config.compress_batchsize {
                 flush_and_pace(
                     shared,
-                    &own,
                     &mut plug,
                     &mut staging,
                     &mut backoff,
@@ -115,7 +117,6 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
         if flush_now {
             flush_and_pace(
                 shared,
-                &own,
                 &mut plug,
                 &mut staging,
                 &mut backoff,
@@ -151,13 +152,12 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
 /// after a plug the store refused entirely (counted in `reclaim_backoffs`).
 fn flush_and_pace(
     shared: &Shared,
-    own: &Space,
     plug: &mut Vec<Victim>,
     staging: &mut Vec<u8>,
     backoff: &mut Duration,
     refused_at: &mut Instant,
 ) {
-    if flush(shared, own, plug, staging) {
+    if flush(shared, plug, staging) {
         *backoff = Duration::ZERO;
     } else {
         *backoff = (*backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
@@ -170,10 +170,17 @@ fn flush_and_pace(
 }
 
 /// Pops folios until one can be taken for eviction (state EVICTING).
-fn next_victim(own: &Space, shared: &Shared) -> Option<Victim> {
+fn next_victim(shared: &Shared) -> Option<Victim> {
     loop {
-        let FolioRef { region, folio: i } = shared.fifo.lock().expect("fifo lock").pop_front()?;
-        let Some(region) = own.region(region) else {
+        let FolioRef {
+            space,
+            region,
+            folio: i,
+        } = shared.fifo.lock().expect("fifo lock").pop_front()?;
+        let Some(space) = shared.space(space) else {
+            continue;
+        };
+        let Some(region) = space.region(region) else {
             continue;
         };
         let i = i as usize;
@@ -185,6 +192,7 @@ fn next_victim(own: &Space, shared: &Shared) -> Option<Victim> {
         if w & ACTIVE != 0 {
             f.clear_flag(ACTIVE);
             shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
+                space: space.id,
                 region: region.id,
                 folio: i as u32,
             });
@@ -194,6 +202,7 @@ fn next_victim(own: &Space, shared: &Shared) -> Option<Victim> {
             continue;
         }
         return Some(Victim {
+            space,
             region,
             folio: i,
             addr: 0,
@@ -230,9 +239,9 @@ fn run_range(plug: &[Victim], (first, count): (usize, usize)) -> (usize, usize) 
 }
 
 /// Write-protects a range, retrying while the address space changes.
-fn write_protect(own: &Space, start: usize, len: usize, protect: bool) -> Result<(), UffdError> {
+fn write_protect(space: &Space, start: usize, len: usize, protect: bool) -> Result<(), UffdError> {
     loop {
-        match own.uffd.write_protect(start, len, protect) {
+        match space.uffd.write_protect(start, len, protect) {
             Err(UffdError::Again) => std::thread::yield_now(),
             other => return other,
         }
@@ -240,9 +249,16 @@ fn write_protect(own: &Space, start: usize, len: usize, protect: bool) -> Result
 }
 
 /// The one eviction routine: write-protects, copies out and stores the
-/// plugged folios as one batch, drops the stored ones from memory, and
-/// finishes each. Returns whether the store accepted anything.
-fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> bool {
+/// plugged folios (all of one address space) as one batch, drops the stored
+/// ones from memory, and finishes each. Returns whether the store accepted
+/// anything.
+fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> bool {
+    let space = plug[0].space.clone();
+    let space = &*space;
+    let memory = space
+        .memory
+        .as_ref()
+        .expect("an evicted space reaches its memory");
     // Keep the plug sorted so that adjacent folios form runs.
     plug.sort_by_key(|v| (v.region.id, v.folio));
     for v in plug.iter_mut() {
@@ -252,7 +268,7 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
     let mut protected = vec![true; plug.len()];
     for run in runs(plug, |_| true) {
         let (start, len) = run_range(plug, run);
-        match write_protect(own, start, len, true) {
+        match write_protect(space, start, len, true) {
             Ok(()) => {}
             // The range is gone: these folios stay as they were, and the
             // unmap event says what became of them.
@@ -266,7 +282,7 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
     if staging.len() < sizes {
         staging.resize(sizes, 0);
     }
-    let copied = protected.iter().all(|&p| p) && copy_out(plug, &mut staging[..sizes]);
+    let copied = protected.iter().all(|&p| p) && copy_out(memory, plug, &mut staging[..sizes]);
     let mut folios: Vec<&[u8]> = Vec::with_capacity(plug.len());
     let mut at = 0;
     for v in plug.iter() {
@@ -283,7 +299,7 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
     // once every event up to now is in the bookkeeping.
     if results.iter().any(|r| r.is_ok()) {
         let (start, len) = run_range(plug, (0, 1));
-        let _settled = settled_gate(shared, own, start, len);
+        let _settled = settled_gate(shared, space, start, len);
         for (v, r) in plug.iter().zip(results.iter_mut()) {
             if let Ok(range) = *r {
                 if v.region.moves.load(Ordering::Acquire) != v.moves {
@@ -302,25 +318,28 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
     // thread attributes the REMOVE events this raises to the reclaimer.
     for run in runs(plug, |k| results[k].is_ok()) {
         let (start, len) = run_range(plug, run);
-        shared.begin_own_drop(start, len);
-        // SAFETY: dropping pages of a managed range that is write-protected
-        // and owned by this thread (every folio in it is EVICTING).
-        let r = unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) };
-        // ENOMEM: part of the range was unmapped meanwhile (the kernel drops
-        // the rest; the unmap event says what became of the folios). Any
-        // other failure would leave stored folios in memory: a bug.
-        if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM) {
-            panic!(
-                "MADV_DONTNEED of {start:#x}+{len:#x}: {}",
-                std::io::Error::last_os_error()
-            );
+        shared.begin_own_drop(space.id, start, len);
+        // Part of the range unmapped meanwhile: the rest is dropped, and the
+        // unmap event says what became of the folios. A process gone: its
+        // space is released. A drop that failed otherwise leaves the pages
+        // in memory, where `finish_folio` finds them: they stay resident
+        // and the stored copy is void.
+        match memory.drop_pages(start, len) {
+            Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {}
+            Err(DropError::Failed(e)) => {
+                shared
+                    .counters
+                    .eviction_drop_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                eprintln!("uswap: dropping {start:#x}+{len:#x} after storing it: {e}");
+            }
         }
-        shared.end_own_drop(start);
+        shared.end_own_drop(space.id, start);
     }
 
     let mut progress = false;
     for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
-        progress |= finish_folio(shared, own, &v.region, v.folio, result, was_protected);
+        progress |= finish_folio(shared, space, &v.region, v.folio, result, was_protected);
     }
     shared.reclaim_stuck.store(!progress, Ordering::Release);
     shared.reclaimed.1.notify_all();
@@ -333,7 +352,7 @@ fn flush(shared: &Shared, own: &Space, plug: &mut Vec<Victim>, staging: &mut Vec
 /// folio left memory.
 fn finish_folio(
     shared: &Shared,
-    own: &Space,
+    space: &Space,
     region: &RegionInner,
     i: usize,
     result: Result<SlotRange, StoreError>,
@@ -343,11 +362,22 @@ fn finish_folio(
     let fs = region.folio_size;
     let pages = region.pages_per_folio() as usize;
     let mut follow_ups = Vec::new();
-    let gate = settled_gate(shared, own, region.folio_addr(i), fs);
+    let gate = settled_gate(shared, space, region.folio_addr(i), fs);
+    if !space.alive.load(Ordering::Acquire) {
+        // The process is gone (`events::release_space` left this folio to
+        // us): nothing to keep.
+        if let Ok(range) = result {
+            shared.store.invalidate(range);
+        }
+        f.set(GONE);
+        space.take_extras(region, i);
+        shared.resident.fetch_sub(fs, Ordering::AcqRel);
+        return false;
+    }
     // Read, not taken: a fault where moved pages now live looks for them
     // in the extras (under the gate's read side, like this), and must find
     // them until they are installed.
-    let extras = own.extras_of(region, i, f.load());
+    let extras = space.extras_of(region, i, f.load());
     let mut stored = result.as_ref().ok().copied();
     // The drop acts on whatever is at the address when the kernel gets to
     // it: a move of the region in between (the madvise waits for its event
@@ -355,7 +385,11 @@ fn finish_folio(
     // are then still in memory where the region is now. The stored copy is
     // then void, and the folio stays resident.
     if let Some(range) = stored {
-        if present_pages(region.folio_addr(i), fs) > 0 {
+        let memory = space
+            .memory
+            .as_ref()
+            .expect("an evicted space reaches its memory");
+        if memory.present_pages(region.folio_addr(i), fs) > 0 {
             shared.store.invalidate(range);
             stored = None;
         }
@@ -364,7 +398,7 @@ fn finish_folio(
         Some(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
         None => Outcome::Resident,
     };
-    events::resolve_inheritors(shared, own.id, region.id, i, outcome, &mut follow_ups);
+    events::resolve_inheritors(shared, space.id, region.id, i, outcome, &mut follow_ups);
     let mut bring_back = false;
     match stored {
         Some(range) => {
@@ -379,7 +413,7 @@ fn finish_folio(
                 .evicted_folios
                 .fetch_add(1, Ordering::Relaxed);
             if extras.holes().covers(pages) && extras.moved.is_empty() {
-                own.take_extras(region, i);
+                space.take_extras(region, i);
                 f.set(if extras.unmapped.covers(pages) {
                     GONE
                 } else {
@@ -398,7 +432,7 @@ fn finish_folio(
         }
         None => {
             // The pages (moved ones included) stay where they are.
-            own.take_extras(region, i);
+            space.take_extras(region, i);
             shared
                 .counters
                 .eviction_refused
@@ -412,6 +446,7 @@ fn finish_folio(
             } else {
                 f.set(RESIDENT);
                 shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
+                    space: space.id,
                     region: region.id,
                     folio: i as u32,
                 });
@@ -423,19 +458,19 @@ fn finish_folio(
     if stored.is_none() && was_protected {
         // Lifting the protection wakes the writers held on it; a part the
         // program unmapped or moved has no protection left to lift.
-        match write_protect(own, start, fs, false) {
+        match write_protect(space, start, fs, false) {
             Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
             Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
         }
     }
     // Writers held on the protection refault and load the folio; faults
     // where its moved pages live refault and find them (or a hole).
-    swapin::wake_range(own, start, fs);
+    swapin::wake_range(space, start, fs);
     for (to, len) in extras.moved_ranges() {
-        swapin::wake_range(own, to, len);
+        swapin::wake_range(space, to, len);
     }
     if bring_back {
-        swapin::swap_in(shared, own, region, i, &mut Worker);
+        swapin::swap_in(shared, space, region, i, &mut Worker);
     }
     for fu in follow_ups {
         swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker);
@@ -450,13 +485,13 @@ fn finish_folio(
 /// which changes nothing but answers EAGAIN while an event is unread.
 fn settled_gate<'a>(
     shared: &'a Shared,
-    own: &Space,
+    space: &Space,
     start: usize,
     len: usize,
 ) -> std::sync::RwLockReadGuard<'a, ()> {
     loop {
         let gate = shared.read_gate();
-        match own.uffd.write_protect(start, len, true) {
+        match space.uffd.write_protect(start, len, true) {
             Err(UffdError::Again) => {
                 drop(gate);
                 std::thread::yield_now();
@@ -467,21 +502,8 @@ fn settled_gate<'a>(
     }
 }
 
-/// How many pages of `start..start + len` are in memory (none if the range
-/// is not mapped).
-fn present_pages(start: usize, len: usize) -> usize {
-    let mut vec = [0u8; crate::page::MAX_FOLIO_PAGES];
-    let pages = len / crate::page::PAGE_SIZE;
-    // SAFETY: mincore writes one byte per page of the range into `vec`,
-    // which holds a folio's worth; an unmapped range is an error.
-    if unsafe { libc::mincore(start as *mut _, len, vec.as_mut_ptr()) } != 0 {
-        return 0;
-    }
-    vec[..pages].iter().filter(|&&b| b & 1 != 0).count()
-}
-
 /// Reads the plugged folios into `staging` with one `process_vm_readv`.
-fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
+fn copy_out(memory: &Memory, plug: &[Victim], staging: &mut [u8]) -> bool {
     let mut local = Vec::with_capacity(plug.len());
     let mut remote = Vec::with_capacity(plug.len());
     let mut at = 0;
@@ -501,30 +523,17 @@ fn copy_out(plug: &[Victim], staging: &mut [u8]) -> bool {
     let total = staging.len();
     // Long plugs may exceed IOV_MAX: copy in groups.
     for (l, r) in local.chunks(512).zip(remote.chunks(512)) {
-        // SAFETY: the local iovecs cover `staging`; the remote ones name
-        // this process's memory, which the kernel checks (an unmapped range
-        // is an error, not a fault).
-        let n = unsafe {
-            libc::process_vm_readv(
-                libc::getpid(),
-                l.as_ptr(),
-                l.len() as _,
-                r.as_ptr(),
-                r.len() as _,
-                0,
-            )
-        };
-        if n < 0 {
-            return false;
+        match memory.read(l, r) {
+            Ok(n) => done += n,
+            Err(_) => return false,
         }
-        done += n as usize;
     }
     done == total
 }
 
 /// On shutdown: leave plugged folios resident (they are not protected
 /// until a flush); a child forked meanwhile has them resident too.
-fn release_plug(shared: &Shared, own: &Space, plug: &mut Vec<Victim>) {
+fn release_plug(shared: &Shared, plug: &mut Vec<Victim>) {
     if plug.is_empty() {
         return;
     }
@@ -535,7 +544,7 @@ fn release_plug(shared: &Shared, own: &Space, plug: &mut Vec<Victim>) {
         f.set(RESIDENT | (f.load() & folio::EXTRA));
         events::resolve_inheritors(
             shared,
-            own.id,
+            v.space.id,
             v.region.id,
             v.folio,
             Outcome::Resident,

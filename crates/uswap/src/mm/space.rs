@@ -4,9 +4,11 @@
 //! the process that created it, whoever calls its ioctls), the regions
 //! registered with it, and what is known about each folio. The runtime's own
 //! process is one; each fork adds one for the child, whose descriptor
-//! arrives with the fork event. Only the runtime's own space is evicted
-//! from and counts towards `memory_high` (dropping a page of another process
-//! needs a thread inside it); every space's faults are served.
+//! arrives with the fork event; a supervisor attaches other processes
+//! (`Runtime::attach`). The spaces with a way to reach their memory (the
+//! own one and attached processes, see [`super::memory`]) are evicted from
+//! and count together towards `memory_high`; forked children are served,
+//! not evicted from; every space's faults are served.
 //!
 //! Extras: what the program did to part of a folio while the runtime could
 //! not apply it at once. A partial MADV_DONTNEED (`removed`: those pages
@@ -15,6 +17,7 @@
 //! folio, or the next swap-in of a swapped one, applies them.
 
 use super::folio::{self, Folio, EXTRA};
+use super::memory::Memory;
 use super::uffd::Uffd;
 use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::SlotRange;
@@ -212,6 +215,9 @@ impl Extras {
 pub(crate) enum Owner {
     /// The runtime's own process: evicted from, counted in `memory_high`.
     Runtime,
+    /// A process attached by a supervisor: evicted from, counted in
+    /// `memory_high`.
+    Attached,
     /// A forked child: served, not evicted from.
     Child,
 }
@@ -224,6 +230,9 @@ pub(crate) struct Space {
     pub uffd: Uffd,
     /// Whose memory it is.
     pub owner: Owner,
+    /// How the reclaimer reaches its memory; `None` for a space that is not
+    /// evicted from (a forked child).
+    pub memory: Option<Memory>,
     /// The managed ranges.
     pub regions: RwLock<Vec<Arc<RegionInner>>>,
     /// Extras by (region id, folio index), for folios with [`EXTRA`] set.
@@ -240,16 +249,23 @@ pub(crate) struct Space {
 
 impl Space {
     /// A space with no regions yet.
-    pub fn new(id: u32, uffd: Uffd, owner: Owner) -> Space {
+    pub fn new(id: u32, uffd: Uffd, owner: Owner, memory: Option<Memory>) -> Space {
         Space {
             id,
             uffd,
             owner,
+            memory,
             regions: RwLock::new(Vec::new()),
             extras: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
             strays: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Whether the space is evicted from (and its resident folios count
+    /// towards `memory_high`).
+    pub fn is_evicted(&self) -> bool {
+        self.memory.is_some()
     }
 
     /// The region and folio index holding `addr`.

@@ -22,7 +22,7 @@
 //! kernel's answer to a failed swap-in, never wrong bytes.
 
 use super::folio::{self, ACTIVE, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
-use super::space::{Extras, Owner, RegionInner, Space};
+use super::space::{Extras, RegionInner, Space};
 use super::uffd::{Partial, UffdError};
 use super::{FolioRef, Shared};
 use crate::page::PAGE_SIZE;
@@ -285,7 +285,7 @@ fn publish_settled(
     // A settled folio keeps no extras: its holes are missing pages, which
     // read as zero (resident) or are no longer ours (gone).
     space.take_extras(region, i);
-    let resident = state == RESIDENT && space.owner == Owner::Runtime;
+    let resident = state == RESIDENT && space.is_evicted();
     region.folios[i].set(if resident && active {
         RESIDENT | ACTIVE
     } else {
@@ -296,6 +296,7 @@ fn publish_settled(
             .resident
             .fetch_add(region.folio_size, Ordering::AcqRel);
         shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
+            space: space.id,
             region: region.id,
             folio: i as u32,
         });

@@ -286,9 +286,14 @@ impl Uffd {
             ));
         }
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let uffd = Uffd {
-            fd: unsafe { OwnedFd::from_raw_fd(raw) },
-        };
+        Uffd::adopt(unsafe { OwnedFd::from_raw_fd(raw) }, features)
+    }
+
+    /// Takes a userfaultfd another process created (and sent over a unix
+    /// socket) and negotiates the same features as [`Uffd::open`]. Its
+    /// ioctls act on that process.
+    pub fn adopt(fd: OwnedFd, features: Features) -> io::Result<Uffd> {
+        let uffd = Uffd { fd };
         let mut wanted = FEATURE_PAGEFAULT_FLAG_WP
             | FEATURE_EVENT_REMAP
             | FEATURE_EVENT_REMOVE

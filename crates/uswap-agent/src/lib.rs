@@ -1,0 +1,374 @@
+//! The agent: the library `uswap run` preloads (LD_PRELOAD) into the
+//! program it serves.
+//!
+//! Before `main`, if the supervisor's socket is named in the environment
+//! (`USWAP_AGENT_SOCKET`), the agent creates a userfaultfd, hands it to the
+//! supervisor with the program's pid and the range of its own thread's
+//! stack, and waits for the verdict:
+//!
+//! ```text
+//! init (before main) --connect--> hello + uffd --> verdict
+//!                                                   |- Managed:   start the agent thread, return
+//!                                                   |- Unmanaged: close everything, return
+//!                                                   '- Exit:      _exit(1)
+//! agent thread: loop { request -> MADV_DONTNEED -> answer }
+//!               Release -> close, end quietly
+//!               end of file (the supervisor died) -> kill the program
+//! ```
+//!
+//! Why a thread inside the program: the kernel refuses MADV_DONTNEED on
+//! another process (`process_madvise` gives EINVAL), and dropping pages is
+//! the last step of every eviction.
+//!
+//! What it never does: allocate through the program's malloc on the agent
+//! thread (its loop uses its own stack, which the agent mapped itself and
+//! the supervisor leaves unmanaged), touch managed memory, or stand in the
+//! program's way when no supervisor answers (one line on stderr, then
+//! nothing). It keeps its own copy of the userfaultfd: if the supervisor
+//! dies, the program's faults on pages that are gone then wait instead of
+//! reading zeros, until the agent thread, seeing the socket close without
+//! a Release, ends the program with a message.
+//!
+//! A forked child closes the agent's descriptors (its memory is served
+//! through the descriptor the supervisor gets with the fork event); an
+//! exec starts the agent afresh in the new image.
+
+#![deny(missing_docs)]
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicI32, Ordering};
+use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET, SOCKET_ENV_C};
+
+/// The connection to the supervisor (-1: none).
+static SOCKET: AtomicI32 = AtomicI32::new(-1);
+/// The agent's copy of the userfaultfd (-1: none).
+static UFFD: AtomicI32 = AtomicI32::new(-1);
+
+/// Runs before `main` (and before the constructors of libraries loaded
+/// after the agent).
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+/// The agent thread's stack, mapped by the agent.
+const STACK: usize = 256 << 10;
+
+/// `_IO(0xAA, 0x00)`: a new userfaultfd from /dev/userfaultfd.
+const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
+
+extern "C" fn init() {
+    // SAFETY: before main, one thread; the value is read at once.
+    let name = unsafe { libc::getenv(SOCKET_ENV_C.as_ptr()) };
+    if name.is_null() {
+        return;
+    }
+    // SAFETY: getenv returned a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+    if let Err(what) = start(name) {
+        say(&[what, "; the program runs without uswap"]);
+    }
+}
+
+/// Writes one line to stderr, without allocating.
+fn say(parts: &[&str]) {
+    let out = |s: &str| {
+        // SAFETY: writing a borrowed buffer to stderr.
+        unsafe { libc::write(2, s.as_ptr().cast(), s.len()) };
+    };
+    out("uswap agent: ");
+    for p in parts {
+        out(p);
+    }
+    out("\n");
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn close(fd: i32) {
+    if fd >= 0 {
+        // SAFETY: closing a descriptor the agent owns.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// A new userfaultfd (not yet negotiated: the supervisor does that), or the
+/// errno that prevented it.
+fn new_userfaultfd() -> Result<i32, i32> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    // SAFETY: opening a device node by a NUL-terminated path.
+    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if dev >= 0 {
+        // SAFETY: USERFAULTFD_IOC_NEW takes the flags and returns a new
+        // descriptor.
+        let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, flags) };
+        close(dev);
+        if fd >= 0 {
+            return Ok(fd);
+        }
+    }
+    // SAFETY: the userfaultfd syscall takes only flags.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as i32;
+    if fd < 0 {
+        Err(errno())
+    } else {
+        Ok(fd)
+    }
+}
+
+/// Connects to the abstract unix socket `name`.
+fn connect(name: &[u8]) -> Result<i32, &'static str> {
+    // SAFETY: a plain socket call.
+    let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if sock < 0 {
+        return Err("cannot create a unix socket");
+    }
+    // SAFETY: a zeroed sockaddr_un is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.len() + 1 > addr.sun_path.len() {
+        close(sock);
+        return Err("the supervisor's socket name is too long");
+    }
+    // Abstract namespace: a NUL, then the name.
+    for (k, b) in name.iter().enumerate() {
+        addr.sun_path[k + 1] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            sock,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        close(sock);
+        return Err("no uswap supervisor answers");
+    }
+    Ok(sock)
+}
+
+/// Sends `packet`, with descriptor `fd` attached when it is >= 0.
+fn send_packet(sock: i32, packet: &[u8; PACKET], fd: i32) -> bool {
+    let mut iov = libc::iovec {
+        iov_base: packet.as_ptr() as *mut _,
+        iov_len: PACKET,
+    };
+    // Room for one descriptor's control message, aligned for cmsghdr.
+    let mut control = [0u64; 4];
+    // SAFETY: a zeroed msghdr is a valid value; the fields set below point
+    // at live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if fd >= 0 {
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+        let (space, len) = unsafe {
+            (
+                libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32),
+                libc::CMSG_LEN(std::mem::size_of::<i32>() as u32),
+            )
+        };
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: the control buffer holds one cmsghdr plus an int, which
+        // CMSG_FIRSTHDR and CMSG_DATA address inside it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = len as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
+        }
+    }
+    loop {
+        // SAFETY: `msg` describes live buffers for the call's duration.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n == PACKET as isize {
+            return true;
+        }
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        return false;
+    }
+}
+
+/// Receives one packet: `None` at end of file or on an error.
+fn recv_packet(sock: i32) -> Option<[u8; PACKET]> {
+    let mut buf = [0u8; PACKET];
+    loop {
+        // SAFETY: receiving into a stack buffer of PACKET bytes.
+        let n = unsafe { libc::recv(sock, buf.as_mut_ptr().cast(), PACKET, 0) };
+        if n == PACKET as isize {
+            return Some(buf);
+        }
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        return None;
+    }
+}
+
+fn start(name: &[u8]) -> Result<(), &'static str> {
+    let uffd = new_userfaultfd();
+    // SAFETY: a fresh anonymous mapping for the agent thread's stack.
+    let stack = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    let unmap_stack = || {
+        // SAFETY: our own mapping, never handed out.
+        unsafe { libc::munmap(stack, STACK) };
+    };
+    if stack == libc::MAP_FAILED {
+        close(uffd.unwrap_or(-1));
+        return Err("cannot map the agent's stack");
+    }
+    let sock = match connect(name) {
+        Ok(s) => s,
+        Err(e) => {
+            close(uffd.unwrap_or(-1));
+            unmap_stack();
+            return Err(e);
+        }
+    };
+    let hello = Hello {
+        // SAFETY: getpid has no preconditions.
+        pid: unsafe { libc::getpid() },
+        error: uffd.err().unwrap_or(0),
+        stack_start: stack as u64,
+        stack_end: stack as u64 + STACK as u64,
+    };
+    let sent = send_packet(sock, &hello.encode(), uffd.unwrap_or(-1));
+    let verdict = if sent {
+        recv_packet(sock).and_then(|p| Verdict::decode(&p))
+    } else {
+        None
+    };
+    match verdict {
+        Some(Verdict::Managed) => {
+            let uffd = uffd.unwrap_or(-1);
+            UFFD.store(uffd, Ordering::Release);
+            SOCKET.store(sock, Ordering::Release);
+            // SAFETY: registering a plain function for forked children.
+            unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+            if let Err(e) = start_thread(stack) {
+                // Managed memory but nobody to drop its pages: the
+                // supervisor sees the socket close and lets go.
+                close(sock);
+                close(uffd);
+                SOCKET.store(-1, Ordering::Release);
+                UFFD.store(-1, Ordering::Release);
+                unmap_stack();
+                return Err(e);
+            }
+            Ok(())
+        }
+        Some(Verdict::Unmanaged) | None => {
+            close(sock);
+            close(uffd.unwrap_or(-1));
+            unmap_stack();
+            if verdict.is_none() {
+                Err("the uswap supervisor did not answer")
+            } else {
+                Ok(())
+            }
+        }
+        Some(Verdict::Exit) => {
+            // SAFETY: ends the process before main, as the supervisor asked
+            // (it has said why).
+            unsafe { libc::_exit(1) }
+        }
+    }
+}
+
+fn start_thread(stack: *mut libc::c_void) -> Result<(), &'static str> {
+    // SAFETY: the attribute object lives on this frame and is destroyed
+    // below; the stack is ours and outlives the thread (never unmapped
+    // while it runs).
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_attr_init(&mut attr) != 0 {
+            return Err("pthread_attr_init failed");
+        }
+        let ok = libc::pthread_attr_setstack(&mut attr, stack, STACK) == 0
+            && libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED) == 0;
+        let mut thread: libc::pthread_t = 0;
+        let created =
+            ok && libc::pthread_create(&mut thread, &attr, serve, std::ptr::null_mut()) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        if created {
+            Ok(())
+        } else {
+            Err("cannot start the agent thread")
+        }
+    }
+}
+
+/// The agent thread: drops pages on request until the supervisor lets go.
+extern "C" fn serve(_: *mut libc::c_void) -> *mut libc::c_void {
+    // The program's signals are for its own threads.
+    // SAFETY: a full set, applied to this thread only.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+    let sock = SOCKET.load(Ordering::Acquire);
+    loop {
+        let Some(packet) = recv_packet(sock) else {
+            supervisor_gone();
+        };
+        match Request::decode(&packet) {
+            Some(Request::Drop { seq, start, len }) => {
+                // SAFETY: the supervisor drops only pages of managed folios
+                // it has stored (MADV_DONTNEED cannot harm memory safety:
+                // the pages read back as the supervisor installs them).
+                let r =
+                    unsafe { libc::madvise(start as *mut _, len as usize, libc::MADV_DONTNEED) };
+                let answer = Dropped {
+                    seq,
+                    errno: if r == 0 { 0 } else { errno() },
+                };
+                if !send_packet(sock, &answer.encode(), -1) {
+                    supervisor_gone();
+                }
+            }
+            Some(Request::Release) => {
+                close(UFFD.swap(-1, Ordering::AcqRel));
+                close(SOCKET.swap(-1, Ordering::AcqRel));
+                return std::ptr::null_mut();
+            }
+            None => say(&["an unknown request from the supervisor was ignored"]),
+        }
+    }
+}
+
+/// The supervisor died without letting go: pages it held are gone, and the
+/// program must not go on to read zeros in their place.
+fn supervisor_gone() -> ! {
+    say(&[
+        "the uswap supervisor is gone; ending the program, whose swapped-out memory went with it",
+    ]);
+    // SAFETY: ends this process.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+        libc::_exit(137)
+    }
+}
+
+/// In a forked child: the agent's descriptors belong to the parent image.
+extern "C" fn forked_child() {
+    close(SOCKET.swap(-1, Ordering::AcqRel));
+    close(UFFD.swap(-1, Ordering::AcqRel));
+}

@@ -1,0 +1,155 @@
+//! The supervisor's end of one agent connection: receiving the hello (and
+//! the program's userfaultfd), sending the verdict, and asking the agent
+//! thread to drop pages, which is how the core's reclaimer reaches the
+//! program ([`DropPages`]).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+use uswap::mm::memory::{DropError, DropPages};
+use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET};
+
+/// One connected agent.
+pub struct AgentLink {
+    sock: OwnedFd,
+    /// The last request's number; held for a whole request and answer.
+    seq: Mutex<u64>,
+}
+
+fn send(sock: RawFd, packet: &[u8; PACKET]) -> io::Result<()> {
+    // SAFETY: sending a borrowed buffer of PACKET bytes.
+    let n = unsafe { libc::send(sock, packet.as_ptr().cast(), PACKET, libc::MSG_NOSIGNAL) };
+    if n == PACKET as isize {
+        Ok(())
+    } else if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Err(io::Error::other("short send"))
+    }
+}
+
+/// One packet, and the descriptor that came with it; `Ok(None)` at end of
+/// file.
+fn recv(sock: RawFd) -> io::Result<Option<([u8; PACKET], Option<OwnedFd>)>> {
+    let mut buf = [0u8; PACKET];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: PACKET,
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to live
+    // buffers below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let n = loop {
+        // SAFETY: `msg` describes live buffers for the call's duration.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        break n;
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: walking the control messages the kernel wrote into `control`.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
+                fd = Some(OwnedFd::from_raw_fd(raw));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    if n != PACKET as isize {
+        return Err(io::Error::other("a packet of the wrong size"));
+    }
+    Ok(Some((buf, fd)))
+}
+
+/// What a new connection brought.
+pub struct Greeting {
+    pub hello: Hello,
+    /// The program's userfaultfd (none if it could not create one).
+    pub uffd: Option<OwnedFd>,
+}
+
+impl AgentLink {
+    /// Reads the hello of a freshly accepted connection.
+    pub fn greet(sock: OwnedFd) -> io::Result<(AgentLink, Greeting)> {
+        let (packet, uffd) = recv(sock.as_raw_fd())?
+            .ok_or_else(|| io::Error::other("the agent hung up before its hello"))?;
+        let hello = Hello::decode(&packet)
+            .ok_or_else(|| io::Error::other("not an agent of this uswap version"))?;
+        Ok((
+            AgentLink {
+                sock,
+                seq: Mutex::new(0),
+            },
+            Greeting { hello, uffd },
+        ))
+    }
+
+    /// Tells the agent what was decided.
+    pub fn verdict(&self, v: Verdict) -> io::Result<()> {
+        send(self.sock.as_raw_fd(), &v.encode())
+    }
+}
+
+impl DropPages for AgentLink {
+    fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
+        let mut seq = self.seq.lock().expect("agent link lock");
+        *seq += 1;
+        let request = Request::Drop {
+            seq: *seq,
+            start: start as u64,
+            len: len as u64,
+        };
+        if send(self.sock.as_raw_fd(), &request.encode()).is_err() {
+            return Err(DropError::Gone);
+        }
+        loop {
+            match recv(self.sock.as_raw_fd()) {
+                Ok(Some((packet, _))) => match Dropped::decode(&packet) {
+                    Some(d) if d.seq == *seq => {
+                        return match d.errno {
+                            0 => Ok(()),
+                            libc::ENOMEM => Err(DropError::Unmapped),
+                            e => Err(DropError::Failed(io::Error::from_raw_os_error(e))),
+                        }
+                    }
+                    // An answer to an earlier request cannot come (one at a
+                    // time); anything else is a broken agent.
+                    _ => {
+                        return Err(DropError::Failed(io::Error::other(
+                            "the agent answered something else",
+                        )))
+                    }
+                },
+                Ok(None) => return Err(DropError::Gone),
+                Err(e) => return Err(DropError::Failed(e)),
+            }
+        }
+    }
+}
+
+impl Drop for AgentLink {
+    fn drop(&mut self) {
+        // The supervisor lets go: the agent ends quietly. A process already
+        // gone cannot hear it, which is fine.
+        if let Err(e) = send(self.sock.as_raw_fd(), &Request::Release.encode()) {
+            if e.raw_os_error() != Some(libc::EPIPE) && e.raw_os_error() != Some(libc::ECONNRESET) {
+                eprintln!("uswap: telling an agent to let go: {e}");
+            }
+        }
+    }
+}

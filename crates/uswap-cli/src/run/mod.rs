@@ -1,0 +1,392 @@
+//! `uswap run -- CMD ARGS...`: runs an unmodified program under a memory
+//! limit, as its supervisor.
+//!
+//! ```text
+//! uswap run (this process)                    CMD (LD_PRELOAD = the agent)
+//!   runtime: store, engines, event thread       agent, before main: uffd, hello --+
+//!   listener (abstract unix socket)  <------------------------------------------+
+//!     attach(uffd, pid, agent link) -> manage its memory (/proc/PID/maps) -> verdict
+//!   scanner: new memory of every served image, every --rescan-ms
+//!   main thread: waits for CMD, passes its exit status (or signal) on
+//! ```
+//!
+//! Every image of the process tree that loads the agent (CMD, and whatever
+//! it or its children exec) is attached to the one runtime, so the limit is
+//! for all of them together; a fork's child is served through the
+//! descriptor its fork event brings (not evicted from). When CMD exits, the
+//! runtime installs what images still alive hold in the store, lets go of
+//! them, and the agents end quietly.
+
+mod agent;
+mod maps;
+
+use crate::args::RuntimeArgs;
+use agent::{AgentLink, Greeting};
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use uswap::mm::memory::{DropError, DropPages};
+use uswap::mm::{Attached, Runtime};
+use uswap_protocol::{Verdict, SOCKET_ENV};
+
+/// What to do with a program that cannot be managed.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Exit with status 1 before the program's main runs.
+    Refuse,
+    /// Run it without uswap.
+    Run,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+    /// When the program cannot be managed (it may not create a
+    /// userfaultfd: seccomp, permissions): refuse to run it, or run it
+    /// without uswap.
+    #[arg(long, value_enum, default_value = "refuse", env = "USWAP_FALLBACK")]
+    fallback: Fallback,
+    /// Write the final counters to this file (/proc/vmstat form) when the
+    /// program exits.
+    #[arg(long, env = "USWAP_STATS_FILE")]
+    stats_file: Option<PathBuf>,
+    /// How often new memory of the program is looked for, in milliseconds.
+    #[arg(long, default_value_t = 100, env = "USWAP_RESCAN_MS",
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    rescan_ms: u64,
+    /// The program, then its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<OsString>,
+}
+
+/// A served program image.
+struct Served {
+    attached: Attached,
+    /// The agent thread's stack, never managed.
+    agent_stack: (usize, usize),
+}
+
+/// The agent link as the core's page dropper.
+struct Dropper(Arc<AgentLink>);
+
+impl DropPages for Dropper {
+    fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
+        self.0.drop_pages(start, len)
+    }
+}
+
+/// The program's pid, for the signal handlers (0: not started).
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// The agent library, carried in this binary and handed to the program
+/// through a memfd (nothing to install, nothing left behind).
+const AGENT: &[u8] = include_bytes!(env!("USWAP_AGENT_SO"));
+
+/// A path the program's loader can open the agent at.
+fn agent_path() -> Result<(String, Option<OwnedFd>), String> {
+    if let Some(p) = std::env::var_os("USWAP_AGENT") {
+        return Ok((p.to_string_lossy().into_owned(), None));
+    }
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"uswap-agent".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!(
+            "memfd_create for the agent: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(fd.try_clone().map_err(|e| e.to_string())?);
+    file.write_all(AGENT)
+        .map_err(|e| format!("writing the agent: {e}"))?;
+    // SAFETY: getpid has no preconditions.
+    let path = format!("/proc/{}/fd/{}", unsafe { libc::getpid() }, fd.as_raw_fd());
+    Ok((path, Some(fd)))
+}
+
+/// A listening abstract unix socket with a name unique to this run.
+fn listen() -> Result<(OwnedFd, String), String> {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let name = format!("uswap-{pid}-{nanos:x}");
+    // SAFETY: a plain socket call.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: a zeroed sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (k, b) in name.bytes().enumerate() {
+        addr.sun_path[k + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let bound = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        ) == 0
+            && libc::listen(sock.as_raw_fd(), 64) == 0
+    };
+    if !bound {
+        return Err(format!(
+            "binding the agent socket: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok((sock, name))
+}
+
+/// Everything the supervisor's threads share.
+struct Supervisor {
+    rt: Runtime,
+    fallback: Fallback,
+    served: Mutex<Vec<Served>>,
+    /// An image was refused (the run then exits 1).
+    refused: AtomicBool,
+    done: AtomicBool,
+}
+
+impl Supervisor {
+    /// Takes one agent connection: attach, manage, verdict.
+    fn welcome(&self, sock: OwnedFd) {
+        let (link, Greeting { hello, uffd }) = match AgentLink::greet(sock) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("uswap: an agent connection failed: {e}");
+                return;
+            }
+        };
+        let link = Arc::new(link);
+        let refuse = |why: String| {
+            eprintln!("uswap: process {} cannot be managed: {why}", hello.pid);
+            let verdict = match self.fallback {
+                Fallback::Run => {
+                    eprintln!("uswap: it runs without uswap (--fallback run)");
+                    Verdict::Unmanaged
+                }
+                Fallback::Refuse => {
+                    eprintln!("uswap: not running it (--fallback run would run it without uswap)");
+                    self.refused.store(true, Ordering::Release);
+                    Verdict::Exit
+                }
+            };
+            if let Err(e) = link.verdict(verdict) {
+                eprintln!("uswap: telling process {}: {e}", hello.pid);
+            }
+        };
+        let Some(uffd) = uffd else {
+            return refuse(format!(
+                "it may not create a userfaultfd ({}; a seccomp filter such as Docker's default, or no permission)",
+                std::io::Error::from_raw_os_error(hello.error)
+            ));
+        };
+        let attached = match self
+            .rt
+            .attach(uffd, hello.pid, Box::new(Dropper(link.clone())))
+        {
+            Ok(a) => a,
+            Err(e) => return refuse(e.to_string()),
+        };
+        let served = Served {
+            attached,
+            agent_stack: (hello.stack_start as usize, hello.stack_end as usize),
+        };
+        let folio = self.rt.config().folio_size;
+        if let Err(e) = manage_new_memory(&served, folio) {
+            return refuse(format!("reading its memory map: {e}"));
+        }
+        if let Err(e) = link.verdict(Verdict::Managed) {
+            eprintln!("uswap: process {} went away: {e}", hello.pid);
+        }
+        self.served.lock().expect("served lock").push(served);
+    }
+
+    /// Accepts agents until the run is over.
+    fn accept_loop(&self, listener: OwnedFd) {
+        while !self.done.load(Ordering::Acquire) {
+            let mut pfd = libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+                continue;
+            }
+            // SAFETY: accepting on our listening socket.
+            let raw = unsafe {
+                libc::accept4(
+                    listener.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
+            };
+            if raw >= 0 {
+                // SAFETY: a fresh descriptor nobody else owns.
+                self.welcome(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+    }
+
+    /// Picks up new memory of every served image, and lets go of images
+    /// that are gone.
+    fn scan_loop(&self, every: Duration) {
+        let folio = self.rt.config().folio_size;
+        while !self.done.load(Ordering::Acquire) {
+            std::thread::sleep(every);
+            let mut served = self.served.lock().expect("served lock");
+            served.retain(|s| s.attached.is_alive());
+            for s in served.iter() {
+                // A process that exits between the check and the scan has
+                // nothing more to manage.
+                let _gone = manage_new_memory(s, folio).is_err();
+            }
+        }
+    }
+}
+
+/// Manages what of an image's memory is not managed yet.
+fn manage_new_memory(s: &Served, folio: usize) -> std::io::Result<()> {
+    let ranges = maps::unmanaged_ranges(
+        s.attached.pid(),
+        folio,
+        &s.attached.managed(),
+        s.agent_stack,
+    )?;
+    for (start, len) in ranges {
+        // A mapping that changed meanwhile (unmapped, or registered by the
+        // program's own userfaultfd) is left alone; the next scan sees it
+        // as it is then.
+        if let Err(e) = s.attached.manage(start, len) {
+            if std::env::var_os("USWAP_DEBUG").is_some() {
+                eprintln!("uswap: not managing {start:#x}+{len:#x}: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
+    let mut config = args.runtime.config(1);
+    config.serve_forks = true;
+    let rt = match Runtime::new(config) {
+        Ok(rt) => rt,
+        Err(e) if args.fallback == Fallback::Run => {
+            eprintln!(
+                "uswap: cannot start ({e}); running the program without uswap (--fallback run)"
+            );
+            let err = std::process::Command::new(&args.command[0])
+                .args(&args.command[1..])
+                .exec();
+            return Err(format!("running {:?}: {err}", args.command[0]));
+        }
+        Err(e) => return Err(format!("starting the runtime: {e}")),
+    };
+    let (listener, name) = listen()?;
+    let (agent, _agent_fd) = agent_path()?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{agent} {p}"),
+        _ => agent,
+    };
+    let mut child = std::process::Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env(SOCKET_ENV, &name)
+        .spawn()
+        .map_err(|e| format!("starting {:?}: {e}", args.command[0]))?;
+    CHILD.store(child.id() as i32, Ordering::Release);
+    // The terminal's signals reach the whole process group, the program
+    // included: the supervisor ignores them and lets the program decide.
+    // Signals sent to the supervisor alone are passed on.
+    // SAFETY: installing handlers that only call kill.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+            libc::signal(sig, forward_signal as *const () as libc::sighandler_t);
+        }
+    }
+    let sup = Arc::new(Supervisor {
+        rt,
+        fallback: args.fallback,
+        served: Mutex::new(Vec::new()),
+        refused: AtomicBool::new(false),
+        done: AtomicBool::new(false),
+    });
+    let acceptor = {
+        let sup = sup.clone();
+        std::thread::Builder::new()
+            .name("uswap-accept".into())
+            .spawn(move || sup.accept_loop(listener))
+            .map_err(|e| e.to_string())?
+    };
+    let scanner = {
+        let sup = sup.clone();
+        let every = Duration::from_millis(args.rescan_ms);
+        std::thread::Builder::new()
+            .name("uswap-scan".into())
+            .spawn(move || sup.scan_loop(every))
+            .map_err(|e| e.to_string())?
+    };
+    let status = loop {
+        match child.wait() {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("waiting for the program: {e}")),
+        }
+    };
+    sup.done.store(true, Ordering::Release);
+    acceptor.join().map_err(|_| "the accept thread panicked")?;
+    scanner.join().map_err(|_| "the scan thread panicked")?;
+    let stats = sup.rt.stats();
+    if let Some(path) = &args.stats_file {
+        let mut text = String::new();
+        for (name, value) in stats.named() {
+            text.push_str(&format!("{name} {value}\n"));
+        }
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    let refused = sup.refused.load(Ordering::Acquire);
+    // Images still alive (children that outlived the program) get what the
+    // store holds for them, then are let go.
+    drop(sup);
+    if refused {
+        std::process::exit(1);
+    }
+    if let Some(code) = status.code() {
+        std::process::exit(code);
+    }
+    let sig = status.signal().unwrap_or(libc::SIGKILL);
+    // Die the same way, so that whoever started us sees what happened.
+    // SAFETY: restoring the default action, then raising the signal.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+    std::process::exit(128 + sig);
+}

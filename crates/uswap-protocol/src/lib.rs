@@ -1,0 +1,226 @@
+//! The messages between `uswap run` (the supervisor) and its agent, the
+//! library preloaded into the program it serves.
+//!
+//! One unix `SOCK_SEQPACKET` connection per process image, to the abstract
+//! socket named in [`SOCKET_ENV`]. Every message is one fixed-size packet
+//! of native-endian words:
+//!
+//! ```text
+//! agent                                   supervisor
+//!   Hello {pid, agent stack, error} ------->   (+ the userfaultfd, SCM_RIGHTS,
+//!                                               unless error != 0)
+//!        <------- Verdict {Managed | Unmanaged | Exit}
+//!   (agent thread, if Managed)
+//!        <------- Drop {seq, start, len}
+//!   Dropped {seq, errno} ------------------>
+//!        <------- Release          (the supervisor lets go; the agent ends
+//!                                    quietly. Without it, end of file means
+//!                                    the supervisor died: the agent kills
+//!                                    the program rather than let it read
+//!                                    pages that are gone.)
+//! ```
+
+#![deny(missing_docs)]
+#![no_std]
+
+/// The environment variable naming the supervisor's abstract socket.
+pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
+/// Same, NUL-terminated, for `getenv` before `main`.
+pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
+
+/// Marks a Hello, and the protocol's version.
+pub const MAGIC: u64 = 0x7573_7761_7001;
+
+/// The agent's first message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// The program's process id.
+    pub pid: i32,
+    /// 0, or the errno that kept the agent from creating a userfaultfd
+    /// (then no descriptor comes with the message).
+    pub error: i32,
+    /// The agent thread's stack (never to be managed).
+    pub stack_start: u64,
+    /// End of the agent thread's stack.
+    pub stack_end: u64,
+}
+
+/// What the supervisor decided about a program image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Managed: the agent starts its thread.
+    Managed,
+    /// Run unmanaged (the user asked for it with `--fallback run`).
+    Unmanaged,
+    /// Do not run: the agent ends the process with status 1.
+    Exit,
+}
+
+/// A request from the supervisor to the agent thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// MADV_DONTNEED `start..start + len`; answered with a [`Dropped`].
+    Drop {
+        /// Echoed in the answer.
+        seq: u64,
+        /// Page-aligned start.
+        start: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// The supervisor lets go of the program: the agent ends quietly.
+    Release,
+}
+
+/// The agent's answer to a [`Request::Drop`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    /// The request's.
+    pub seq: u64,
+    /// 0, or madvise's errno.
+    pub errno: i32,
+}
+
+/// Bytes of every packet.
+pub const PACKET: usize = 32;
+
+fn words(w: [u64; 4]) -> [u8; PACKET] {
+    let mut out = [0u8; PACKET];
+    for (k, v) in w.iter().enumerate() {
+        out[k * 8..k * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    out
+}
+
+fn unwords(b: &[u8; PACKET]) -> [u64; 4] {
+    let mut w = [0u64; 4];
+    for (k, v) in w.iter_mut().enumerate() {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(&b[k * 8..k * 8 + 8]);
+        *v = u64::from_ne_bytes(x);
+    }
+    w
+}
+
+impl Hello {
+    /// The packet.
+    pub fn encode(&self) -> [u8; PACKET] {
+        words([
+            MAGIC,
+            (self.pid as u32 as u64) | ((self.error as u32 as u64) << 32),
+            self.stack_start,
+            self.stack_end,
+        ])
+    }
+
+    /// Reads a packet; `None` if it is not a Hello of this version.
+    pub fn decode(b: &[u8; PACKET]) -> Option<Hello> {
+        let w = unwords(b);
+        (w[0] == MAGIC).then_some(Hello {
+            pid: w[1] as u32 as i32,
+            error: (w[1] >> 32) as u32 as i32,
+            stack_start: w[2],
+            stack_end: w[3],
+        })
+    }
+}
+
+impl Verdict {
+    /// The packet.
+    pub fn encode(&self) -> [u8; PACKET] {
+        words([
+            match self {
+                Verdict::Managed => 1,
+                Verdict::Unmanaged => 2,
+                Verdict::Exit => 3,
+            },
+            0,
+            0,
+            0,
+        ])
+    }
+
+    /// Reads a packet.
+    pub fn decode(b: &[u8; PACKET]) -> Option<Verdict> {
+        match unwords(b)[0] {
+            1 => Some(Verdict::Managed),
+            2 => Some(Verdict::Unmanaged),
+            3 => Some(Verdict::Exit),
+            _ => None,
+        }
+    }
+}
+
+impl Request {
+    /// The packet.
+    pub fn encode(&self) -> [u8; PACKET] {
+        match *self {
+            Request::Drop { seq, start, len } => words([1, seq, start, len]),
+            Request::Release => words([2, 0, 0, 0]),
+        }
+    }
+
+    /// Reads a packet.
+    pub fn decode(b: &[u8; PACKET]) -> Option<Request> {
+        let w = unwords(b);
+        match w[0] {
+            1 => Some(Request::Drop {
+                seq: w[1],
+                start: w[2],
+                len: w[3],
+            }),
+            2 => Some(Request::Release),
+            _ => None,
+        }
+    }
+}
+
+impl Dropped {
+    /// The packet.
+    pub fn encode(&self) -> [u8; PACKET] {
+        words([3, self.seq, self.errno as u32 as u64, 0])
+    }
+
+    /// Reads a packet.
+    pub fn decode(b: &[u8; PACKET]) -> Option<Dropped> {
+        let w = unwords(b);
+        (w[0] == 3).then_some(Dropped {
+            seq: w[1],
+            errno: w[2] as u32 as i32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_reads_back_as_written() {
+        let h = Hello {
+            pid: 1234,
+            error: -1,
+            stack_start: 0x7f00_0000_0000,
+            stack_end: 0x7f00_0004_0000,
+        };
+        assert_eq!(Hello::decode(&h.encode()), Some(h));
+        for v in [Verdict::Managed, Verdict::Unmanaged, Verdict::Exit] {
+            assert_eq!(Verdict::decode(&v.encode()), Some(v));
+        }
+        let r = Request::Drop {
+            seq: 7,
+            start: 0x1000,
+            len: 0x10000,
+        };
+        assert_eq!(Request::decode(&r.encode()), Some(r));
+        assert_eq!(
+            Request::decode(&Request::Release.encode()),
+            Some(Request::Release)
+        );
+        let d = Dropped { seq: 9, errno: 12 };
+        assert_eq!(Dropped::decode(&d.encode()), Some(d));
+        // A drop request is not an answer, nor a hello.
+        assert_eq!(Dropped::decode(&r.encode()), None);
+        assert_eq!(Hello::decode(&r.encode()), None);
+    }
+}

@@ -1,0 +1,127 @@
+//! Another process served by the runtime: what `uswap run` builds on.
+//!
+//! The process creates a userfaultfd and hands it over (a unix socket,
+//! SCM_RIGHTS); the runtime adopts it, and from then on the process is one
+//! more address space, evicted from like the runtime's own: its resident
+//! managed memory counts towards the same `memory_high`, its faults are
+//! served by the same event thread, its forks give child spaces. What the
+//! runtime cannot do from outside, dropping pages, a [`DropPages`] given
+//! with it does (see [`super::memory`]).
+//!
+//! The caller says which ranges to manage ([`Attached::manage`]); a range
+//! is registered first and looked at after (`/proc/PID/pagemap`), so that
+//! a page the program touches in between either faults (and is served) or
+//! is seen present. When the process exits or execs, its space is released
+//! with everything it held in the store.
+
+use super::folio::{RESIDENT, UNTOUCHED};
+use super::memory::{DropPages, Memory};
+use super::space::{Owner, RegionInner, Space};
+use super::uffd::{Features, Uffd};
+use super::{Runtime, Shared};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A process the runtime serves from outside (see [`Runtime::attach`]).
+pub struct Attached {
+    shared: Arc<Shared>,
+    space: Arc<Space>,
+    pid: libc::pid_t,
+}
+
+impl Runtime {
+    /// Serves process `pid` through `uffd`, a userfaultfd it created (not
+    /// yet negotiated), with `dropper` to drop its pages. For a supervisor:
+    /// a process that does not itself fork while it serves.
+    pub fn attach(
+        &self,
+        uffd: OwnedFd,
+        pid: libc::pid_t,
+        dropper: Box<dyn DropPages>,
+    ) -> io::Result<Attached> {
+        let shared = &self.shared;
+        let uffd = Uffd::adopt(
+            uffd,
+            Features {
+                fork: shared.config.serve_forks,
+            },
+        )?;
+        let memory = Memory::remote(pid, dropper)?;
+        let space = Arc::new(Space::new(
+            shared.next_space_id(),
+            uffd,
+            Owner::Attached,
+            Some(memory),
+        ));
+        shared
+            .spaces
+            .write()
+            .expect("spaces lock")
+            .push(space.clone());
+        Ok(Attached {
+            shared: shared.clone(),
+            space,
+            pid,
+        })
+    }
+}
+
+impl Attached {
+    /// The process id.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Whether the process (this image of it) is still served: false once
+    /// it has exited or exec'd.
+    pub fn is_alive(&self) -> bool {
+        self.space.alive.load(Ordering::Acquire) && self.space.uffd.is_alive()
+    }
+
+    /// The ranges managed so far, as `(start, len)` where they are now.
+    pub fn managed(&self) -> Vec<(usize, usize)> {
+        self.space
+            .regions
+            .read()
+            .expect("regions lock")
+            .iter()
+            .map(|r| (r.base(), r.len))
+            .collect()
+    }
+
+    /// Manages `start..start + len` of the process, which must be private
+    /// anonymous memory in whole, aligned folios. Folios with a page in
+    /// memory (or in the kernel's swap) count as resident; the others are
+    /// untouched.
+    pub fn manage(&self, start: usize, len: usize) -> io::Result<()> {
+        let shared = &self.shared;
+        let fs = shared.config.folio_size;
+        if !start.is_multiple_of(fs) || !len.is_multiple_of(fs) || len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "manage: the range must be whole, aligned folios",
+            ));
+        }
+        self.space
+            .uffd
+            .register(start, len)
+            .map_err(|e| io::Error::other(format!("registering {start:#x}+{len:#x}: {e}")))?;
+        let memory = self.space.memory.as_ref().expect("attached memory");
+        let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
+        let region = Arc::new(RegionInner::new(id, start, len, fs, UNTOUCHED, false));
+        for (i, f) in region.folios.iter().enumerate() {
+            if memory.present_pages(start + i * fs, fs) > 0 {
+                f.set(RESIDENT);
+            }
+        }
+        self.space
+            .regions
+            .write()
+            .expect("regions lock")
+            .push(region.clone());
+        shared.count_resident_region(&self.space, &region);
+        Ok(())
+    }
+}

@@ -1,0 +1,199 @@
+//! How the reclaimer reaches the memory of an address space it evicts from:
+//! reading pages out, dropping them, and asking which are still there.
+//!
+//! The userfaultfd already acts on its own process whoever calls it
+//! (register, write-protect, copy). What it cannot do is the rest of an
+//! eviction, and here the runtime's own process and another one differ:
+//!
+//! | step                 | own process               | another process (`uswap run`)          |
+//! |----------------------|---------------------------|----------------------------------------|
+//! | copy pages out       | `process_vm_readv(self)`  | `process_vm_readv(pid)`                |
+//! | drop them            | `madvise(MADV_DONTNEED)`  | asked of a thread inside it ([`DropPages`]) |
+//! | which are present    | `mincore`                 | `/proc/PID/pagemap`                    |
+//! | whether mapped       | `mincore` (ENOMEM)        | `/proc/PID/maps`                       |
+//!
+//! A remote MADV_DONTNEED is refused by the kernel (`process_madvise` gives
+//! EINVAL for it on another process), hence [`DropPages`]: the supervisor's
+//! agent inside the program carries the drops out.
+
+use crate::page::PAGE_SIZE;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// Why a drop did not happen as asked.
+#[derive(Debug)]
+pub enum DropError {
+    /// Part of the range is not mapped (the program unmapped it meanwhile);
+    /// the rest was dropped.
+    Unmapped,
+    /// The process is gone.
+    Gone,
+    /// Anything else: the pages may still be there.
+    Failed(io::Error),
+}
+
+impl std::fmt::Display for DropError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DropError::Unmapped => write!(f, "part of the range is not mapped"),
+            DropError::Gone => write!(f, "the process is gone"),
+            DropError::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Drops pages (MADV_DONTNEED) in an address space the caller cannot reach
+/// with madvise: the call returns once they are dropped.
+pub trait DropPages: Send + Sync {
+    /// Drops `start..start + len` (page aligned).
+    fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError>;
+}
+
+/// The memory of an address space the runtime evicts from.
+pub(crate) enum Memory {
+    /// The runtime's own process.
+    Own,
+    /// Another process.
+    Remote {
+        pid: libc::pid_t,
+        /// `/proc/PID/pagemap`, open.
+        pagemap: File,
+        dropper: Box<dyn DropPages>,
+    },
+}
+
+/// Pagemap entry bits: the page is in memory, or in the kernel's swap.
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAPPED: u64 = 1 << 62;
+
+impl Memory {
+    /// The memory of process `pid`, whose pages `dropper` drops.
+    pub fn remote(pid: libc::pid_t, dropper: Box<dyn DropPages>) -> io::Result<Memory> {
+        Ok(Memory::Remote {
+            pid,
+            pagemap: File::open(format!("/proc/{pid}/pagemap"))?,
+            dropper,
+        })
+    }
+
+    fn pid(&self) -> libc::pid_t {
+        match self {
+            // SAFETY: getpid has no preconditions.
+            Memory::Own => unsafe { libc::getpid() },
+            Memory::Remote { pid, .. } => *pid,
+        }
+    }
+
+    /// Copies the `remote` ranges into the `local` buffers; returns the
+    /// bytes copied (an unmapped range ends the copy early: an error to
+    /// handle, not a crash).
+    pub fn read(&self, local: &[libc::iovec], remote: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: the local iovecs are the caller's writable buffers; the
+        // remote ones name memory of the process, which the kernel checks.
+        let n = unsafe {
+            libc::process_vm_readv(
+                self.pid(),
+                local.as_ptr(),
+                local.len() as _,
+                remote.as_ptr(),
+                remote.len() as _,
+                0,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Drops `start..start + len` (MADV_DONTNEED).
+    pub fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
+        match self {
+            Memory::Own => {
+                // SAFETY: the caller owns the range's folios (EVICTING) and
+                // has stored their bytes.
+                if unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) } == 0 {
+                    return Ok(());
+                }
+                let e = io::Error::last_os_error();
+                Err(match e.raw_os_error() {
+                    Some(libc::ENOMEM) => DropError::Unmapped,
+                    _ => DropError::Failed(e),
+                })
+            }
+            Memory::Remote { dropper, .. } => dropper.drop_pages(start, len),
+        }
+    }
+
+    /// How many pages of `start..start + len` (at most a folio) are in
+    /// memory (or in the kernel's swap); none if the range is not mapped.
+    pub fn present_pages(&self, start: usize, len: usize) -> usize {
+        match self {
+            Memory::Own => {
+                let mut vec = [0u8; crate::page::MAX_FOLIO_PAGES];
+                let pages = len / PAGE_SIZE;
+                // SAFETY: mincore writes one byte per page of the range into
+                // `vec`, which holds a folio's worth; an unmapped range is
+                // an error.
+                if unsafe { libc::mincore(start as *mut _, len, vec.as_mut_ptr()) } != 0 {
+                    return 0;
+                }
+                vec[..pages].iter().filter(|&&b| b & 1 != 0).count()
+            }
+            Memory::Remote { pagemap, .. } => pagemap_entries(pagemap, start, len)
+                .map(|v| {
+                    v.iter()
+                        .filter(|&&e| e & (PM_PRESENT | PM_SWAPPED) != 0)
+                        .count()
+                })
+                .unwrap_or(0),
+        }
+    }
+
+    /// Whether any page of `start..end` is unmapped.
+    pub fn any_unmapped(&self, start: usize, end: usize) -> bool {
+        match self {
+            Memory::Own => crate::sys::any_unmapped(start, end),
+            Memory::Remote { pid, .. } => {
+                let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                    return true;
+                };
+                let mut covered = start;
+                let mut ranges: Vec<(usize, usize)> = maps.lines().filter_map(maps_range).collect();
+                ranges.sort_unstable();
+                for (lo, hi) in ranges {
+                    if lo > covered {
+                        break;
+                    }
+                    covered = covered.max(hi);
+                    if covered >= end {
+                        return false;
+                    }
+                }
+                covered < end
+            }
+        }
+    }
+}
+
+/// The `start-end` range of one line of /proc/PID/maps.
+pub(crate) fn maps_range(line: &str) -> Option<(usize, usize)> {
+    let range = line.split_whitespace().next()?;
+    let (lo, hi) = range.split_once('-')?;
+    Some((
+        usize::from_str_radix(lo, 16).ok()?,
+        usize::from_str_radix(hi, 16).ok()?,
+    ))
+}
+
+/// The pagemap entries of `start..start + len`.
+fn pagemap_entries(pagemap: &File, start: usize, len: usize) -> io::Result<Vec<u64>> {
+    let pages = len / PAGE_SIZE;
+    let mut raw = vec![0u8; pages * 8];
+    pagemap.read_exact_at(&mut raw, (start / PAGE_SIZE * 8) as u64)?;
+    Ok(raw
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
