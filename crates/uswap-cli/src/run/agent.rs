@@ -117,27 +117,20 @@ impl DropPages for AgentLink {
         if send(self.sock.as_raw_fd(), &request.encode()).is_err() {
             return Err(DropError::Gone);
         }
-        loop {
-            match recv(self.sock.as_raw_fd()) {
-                Ok(Some((packet, _))) => match Dropped::decode(&packet) {
-                    Some(d) if d.seq == *seq => {
-                        return match d.errno {
-                            0 => Ok(()),
-                            libc::ENOMEM => Err(DropError::Unmapped),
-                            e => Err(DropError::Failed(io::Error::from_raw_os_error(e))),
-                        }
-                    }
-                    // An answer to an earlier request cannot come (one at a
-                    // time); anything else is a broken agent.
-                    _ => {
-                        return Err(DropError::Failed(io::Error::other(
-                            "the agent answered something else",
-                        )))
-                    }
+        // One request at a time (the lock is held): the answer is to it.
+        match recv(self.sock.as_raw_fd()) {
+            Ok(Some((packet, _))) => match Dropped::decode(&packet) {
+                Some(d) if d.seq == *seq => match d.errno {
+                    0 => Ok(()),
+                    libc::ENOMEM => Err(DropError::Unmapped),
+                    e => Err(DropError::Failed(io::Error::from_raw_os_error(e))),
                 },
-                Ok(None) => return Err(DropError::Gone),
-                Err(e) => return Err(DropError::Failed(e)),
-            }
+                _ => Err(DropError::Failed(io::Error::other(
+                    "the agent answered something else",
+                ))),
+            },
+            Ok(None) => Err(DropError::Gone),
+            Err(e) => Err(DropError::Failed(e)),
         }
     }
 }

@@ -23,8 +23,9 @@ mod maps;
 use crate::args::RuntimeArgs;
 use agent::{AgentLink, Greeting};
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -92,31 +93,61 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     }
 }
 
-/// The agent library, carried in this binary and handed to the program
-/// through a memfd (nothing to install, nothing left behind).
+/// The agent library, carried in this binary: written to a private
+/// directory for the run (readable by every user, since the program may
+/// change its own), removed when the run ends.
 const AGENT: &[u8] = include_bytes!(env!("USWAP_AGENT_SO"));
 
-/// A path the program's loader can open the agent at.
-fn agent_path() -> Result<(String, Option<OwnedFd>), String> {
-    if let Some(p) = std::env::var_os("USWAP_AGENT") {
-        return Ok((p.to_string_lossy().into_owned(), None));
+/// Where the agent is for this run; removed on drop.
+struct AgentFile {
+    path: PathBuf,
+    dir: Option<PathBuf>,
+}
+
+impl Drop for AgentFile {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                eprintln!("uswap: removing {}: {e}", dir.display());
+            }
+        }
     }
-    // SAFETY: memfd_create with a NUL-terminated name.
-    let fd = unsafe { libc::memfd_create(c"uswap-agent".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
+}
+
+/// A path the program's loader can open the agent at (`USWAP_AGENT`
+/// overrides it).
+fn agent_file() -> Result<AgentFile, String> {
+    if let Some(p) = std::env::var_os("USWAP_AGENT") {
+        return Ok(AgentFile {
+            path: p.into(),
+            dir: None,
+        });
+    }
+    let mut template = std::env::temp_dir()
+        .join("uswap-run-XXXXXX")
+        .into_os_string()
+        .into_vec();
+    template.push(0);
+    // SAFETY: mkdtemp rewrites the NUL-terminated template in place.
+    if unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) }.is_null() {
         return Err(format!(
-            "memfd_create for the agent: {}",
+            "creating a directory for the agent: {}",
             std::io::Error::last_os_error()
         ));
     }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut file = std::fs::File::from(fd.try_clone().map_err(|e| e.to_string())?);
-    file.write_all(AGENT)
-        .map_err(|e| format!("writing the agent: {e}"))?;
-    // SAFETY: getpid has no preconditions.
-    let path = format!("/proc/{}/fd/{}", unsafe { libc::getpid() }, fd.as_raw_fd());
-    Ok((path, Some(fd)))
+    template.pop();
+    let dir = PathBuf::from(std::ffi::OsString::from_vec(template));
+    let file = AgentFile {
+        path: dir.join("libuswap_agent.so"),
+        dir: Some(dir.clone()),
+    };
+    let write = || -> std::io::Result<()> {
+        std::fs::write(&file.path, AGENT)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&file.path, std::fs::Permissions::from_mode(0o755))
+    };
+    write().map_err(|e| format!("writing the agent to {}: {e}", file.path.display()))?;
+    Ok(file)
 }
 
 /// A listening abstract unix socket with a name unique to this run.
@@ -308,10 +339,10 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
         Err(e) => return Err(format!("starting the runtime: {e}")),
     };
     let (listener, name) = listen()?;
-    let (agent, _agent_fd) = agent_path()?;
+    let agent = agent_file()?;
     let preload = match std::env::var("LD_PRELOAD") {
-        Ok(p) if !p.is_empty() => format!("{agent} {p}"),
-        _ => agent,
+        Ok(p) if !p.is_empty() => format!("{} {p}", agent.path.display()),
+        _ => agent.path.display().to_string(),
     };
     let mut child = std::process::Command::new(&args.command[0])
         .args(&args.command[1..])
@@ -375,6 +406,7 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     // Images still alive (children that outlived the program) get what the
     // store holds for them, then are let go.
     drop(sup);
+    drop(agent);
     if refused {
         std::process::exit(1);
     }

@@ -1,0 +1,215 @@
+//! `uswap run` on real programs: C programs built here with the system
+//! compiler, run with and without uswap.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const USWAP: &str = env!("CARGO_BIN_EXE_uswap");
+
+/// Compiles tests/programs/NAME.c into a private directory.
+fn build(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let dir = std::env::temp_dir().join(format!("uswap-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
+    assert!(status.success(), "compiling {}", src.display());
+    exe
+}
+
+/// Waits for `child`, failing the test past `limit` (a hang).
+fn wait_within(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("did not finish within {limit:?}: a hang");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_within(child, Duration::from_secs(240))
+}
+
+fn counters(path: &Path) -> std::collections::HashMap<String, u64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The acceptance test: malloc, calloc, realloc and free of small
+/// and huge blocks, mmap/munmap/mremap/mprotect, threads, fork (the child
+/// checks and changes its copy), exec; under a quarter of its working set
+/// (about 220 MiB), the same output as without uswap, and swapping really
+/// happened.
+#[test]
+fn a_program_under_a_quarter_of_its_working_set_prints_what_it_prints_alone() {
+    let exe = build("memtest");
+    let alone = run(&mut Command::new(&exe));
+    assert!(alone.status.success());
+    let alone = text(&alone.stdout);
+    assert!(alone.contains("parent before fork: ok=1"), "{alone}");
+    assert!(alone.contains("done"), "{alone}");
+    let stats = exe.with_extension("stats");
+    let managed = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "56M", "--stats-file"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&exe));
+    assert!(
+        managed.status.success(),
+        "{:?}: {}",
+        managed.status,
+        text(&managed.stderr)
+    );
+    assert_eq!(text(&managed.stdout), alone);
+    let c = counters(&stats);
+    assert!(c["zswpout"] > 0 && c["zswpin"] > 0, "{c:?}");
+    assert!(c["forks"] > 0, "the fork was not served: {c:?}");
+}
+
+fn status_of(args: &[&str]) -> (ExitStatus, String) {
+    let out = run(Command::new(USWAP).args(args));
+    (out.status, text(&out.stderr))
+}
+
+#[test]
+fn the_programs_exit_status_and_death_by_signal_pass_through() {
+    let (s, _) = status_of(&["run", "--memory-high", "64M", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(s.code(), Some(7));
+    let (s, _) = status_of(&["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(s.signal(), Some(libc::SIGTERM), "{s:?}");
+}
+
+#[test]
+fn bad_flags_and_sizes_exit_2_with_a_message() {
+    let (s, err) = status_of(&["run", "--memory-high", "lots", "--", "true"]);
+    assert_eq!(s.code(), Some(2));
+    assert!(err.contains("memory-high"), "{err}");
+    let (s, _) = status_of(&["run"]);
+    assert_eq!(s.code(), Some(2));
+    let (s, err) = status_of(&["run", "--", "/nonexistent/program"]);
+    assert_eq!(s.code(), Some(1));
+    assert!(err.contains("/nonexistent/program"), "{err}");
+}
+
+/// Under a seccomp filter that forbids userfaultfd (Docker's default
+/// profile does): refused before its main runs, or run unmanaged when
+/// asked.
+#[test]
+fn a_program_that_may_not_use_userfaultfd_is_refused_or_run_without_uswap() {
+    let exe = build("memtest");
+    let nouffd = build("nouffd");
+    let refused = run(Command::new(USWAP)
+        .arg("run")
+        .arg("--")
+        .arg(&nouffd)
+        .arg(&exe));
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stdout).is_empty(),
+        "it ran: {}",
+        text(&refused.stdout)
+    );
+    assert!(text(&refused.stderr).contains("may not create a userfaultfd"));
+    let fallback = run(Command::new(USWAP)
+        .args(["run", "--fallback", "run", "--"])
+        .arg(&nouffd)
+        .arg(&exe));
+    assert!(fallback.status.success());
+    assert!(text(&fallback.stdout).contains("done"));
+}
+
+/// The agent outside `uswap run` (no supervisor answers): one line on
+/// stderr, and the program runs.
+#[test]
+fn the_agent_stays_out_of_the_way_when_no_supervisor_answers() {
+    let out = run(Command::new("sh")
+        .args(["-c", "echo still here"])
+        .env("LD_PRELOAD", env!("USWAP_AGENT_SO"))
+        .env(uswap_protocol::SOCKET_ENV, "uswap-nobody-listens"));
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout), "still here\n");
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no uswap supervisor answers"), "{err}");
+}
+
+/// The supervisor killed under a program whose memory it holds: the program
+/// is ended with a message; it never reads zeros in place of its pages.
+#[test]
+fn a_program_whose_supervisor_dies_is_ended_not_fed_zeros() {
+    let exe = build("holder");
+    let mut sup = Command::new(USWAP)
+        .args(["run", "--memory-high", "16M", "--"])
+        .arg(&exe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(sup.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let pid: i32 = first
+        .strip_prefix("ready ")
+        .unwrap_or_else(|| panic!("{first}"))
+        .parse()
+        .unwrap();
+    sup.kill().unwrap();
+    sup.wait().unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(
+        rest.iter().all(|l| !l.contains("WRONG")),
+        "the program read wrong bytes: {rest:?}"
+    );
+    // SAFETY: signal 0 only asks whether the process exists.
+    let gone = || unsafe { libc::kill(pid, 0) } != 0 || is_zombie(pid);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !gone() {
+        assert!(
+            Instant::now() < deadline,
+            "the program outlived its supervisor"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut sup.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("supervisor is gone"), "{err}");
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(true)
+}
