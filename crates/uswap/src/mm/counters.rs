@@ -81,7 +81,8 @@ counters! {
     sigbus,
     /// Fork events: child address spaces taken into service.
     forks,
-    /// Child address spaces found gone (exit or exec) and released.
+    /// Served address spaces (forked children, attached processes) found
+    /// gone (exit or exec) and released.
     children_exited,
     /// Folios a program dropped, unmapped or moved only in part.
     partial_folio_events,
