@@ -320,6 +320,7 @@ impl Pool {
     }
 
     /// Fault injection: flips a byte of the stored object at `offset`.
+    #[cfg(feature = "fault-injection")]
     pub fn corrupt(&self, h: Handle, offset: usize) {
         self.with_slot(h, |slot| slot[offset] ^= 0x40);
     }

@@ -384,6 +384,7 @@ impl Zswap {
 
     /// Fault injection: corrupts the stored object of `slot` if it has one;
     /// returns whether it did.
+    #[cfg(feature = "fault-injection")]
     pub fn corrupt_stored_object(&self, slot: u32) -> bool {
         match self.inner.index.get(slot) {
             index::Entry::Pool { handle, len, .. } => {
@@ -402,6 +403,7 @@ impl Zswap {
     /// sees the damage. The edited length must be one the store can record:
     /// 1..=PAGE_SIZE bytes, exactly PAGE_SIZE for a page stored raw.
     /// Returns whether the slot held a pool object and the edit was applied.
+    #[cfg(feature = "fault-injection")]
     pub fn edit_stored_object(
         &self,
         slot: u32,
