@@ -7,6 +7,7 @@
 mod args;
 mod bench;
 mod run;
+mod stats;
 mod train_dict;
 mod usemem;
 
@@ -42,6 +43,10 @@ enum Command {
     /// option's name in capitals with underscores (--memory-high:
     /// USWAP_MEMORY_HIGH).
     Run(run::Args),
+    /// The live counters of running `uswap run` supervisors (/proc/vmstat
+    /// form, or --json), with resident, stored and pool bytes, the
+    /// compression ratio and fault latency percentiles.
+    Stats(stats::Args),
 }
 
 #[derive(Subcommand)]
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         Command::TrainDict(args) => train_dict::run(&args),
         Command::Usemem(args) => usemem::run(&args),
         Command::Run(args) => run::run(&args).map(|never| match never {}),
+        Command::Stats(args) => stats::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -213,3 +213,61 @@ fn is_zombie(pid: i32) -> bool {
         })
         .unwrap_or(true)
 }
+
+/// `uswap stats` reads a running supervisor: by its pid or the program's,
+/// as `name value` lines or JSON; once the supervisor is gone, it says so.
+#[test]
+fn uswap_stats_reads_a_running_supervisor() {
+    let exe = build("holder");
+    let mut sup = Command::new(USWAP)
+        .args(["run", "--memory-high", "16M", "--"])
+        .arg(&exe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(sup.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let program: i32 = first.strip_prefix("ready ").unwrap().parse().unwrap();
+    // Memory the program maps after it starts is picked up by the next scan
+    // (every 100 ms): ask until the report shows it swapping.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let report = loop {
+        let json = run(Command::new(USWAP).args(["stats", "--json", &program.to_string()]));
+        assert!(json.status.success(), "{}", text(&json.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        if report["counters"]["zswpin"].as_u64().unwrap() > 0 || Instant::now() > deadline {
+            break report;
+        }
+    };
+    assert_eq!(report["supervisor"], sup.id() as i64);
+    assert_eq!(report["served"][0], program as i64);
+    assert!(
+        report["counters"]["zswpin"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert!(
+        report["fault_latency"]["faults"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert!(
+        report["compression_ratio"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let plain = run(Command::new(USWAP).args(["stats", &sup.id().to_string()]));
+    assert!(plain.status.success());
+    let plain = text(&plain.stdout);
+    assert!(plain.lines().any(|l| l.starts_with("zswpin ")), "{plain}");
+    assert!(
+        plain
+            .lines()
+            .any(|l| l.starts_with("fault_latency_p99_us ")),
+        "{plain}"
+    );
+    // SAFETY: asks the supervisor to end (it passes SIGTERM on).
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    let status = sup.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    let after = run(Command::new(USWAP).args(["stats", &program.to_string()]));
+    assert_eq!(after.status.code(), Some(1));
+}

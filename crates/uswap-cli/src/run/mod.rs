@@ -19,9 +19,11 @@
 
 mod agent;
 mod maps;
+pub mod report;
 
 use crate::args::RuntimeArgs;
 use agent::{AgentLink, Greeting};
+use report::Report;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
@@ -150,45 +152,88 @@ fn agent_file() -> Result<AgentFile, String> {
     Ok(file)
 }
 
-/// A listening abstract unix socket with a name unique to this run.
-fn listen() -> Result<(OwnedFd, String), String> {
+/// The abstract socket name where supervisor `pid` serves its report.
+pub fn stats_socket(pid: i32) -> String {
+    format!("{STATS_PREFIX}{pid}")
+}
+
+/// How stats socket names start (`uswap stats --all` looks for them).
+pub const STATS_PREFIX: &str = "uswap-stats-";
+
+/// A name for the agents' socket, unique to this run.
+fn agent_socket_name() -> String {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let name = format!("uswap-{pid}-{nanos:x}");
+    format!("uswap-{pid}-{nanos:x}")
+}
+
+/// The address of abstract unix socket `name`, and its length.
+pub fn abstract_addr(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: a zeroed sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = &name.as_bytes()[..name.len().min(addr.sun_path.len() - 1)];
+    for (k, b) in name.iter().enumerate() {
+        addr.sun_path[k + 1] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    (addr, len as libc::socklen_t)
+}
+
+/// A listening abstract unix socket of `kind` (SOCK_SEQPACKET, SOCK_STREAM).
+fn listen(name: &str, kind: libc::c_int) -> Result<OwnedFd, String> {
     // SAFETY: a plain socket call.
-    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    let raw = unsafe { libc::socket(libc::AF_UNIX, kind | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
         return Err(format!("socket: {}", std::io::Error::last_os_error()));
     }
     // SAFETY: a fresh descriptor nobody else owns.
     let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: a zeroed sockaddr_un is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (k, b) in name.bytes().enumerate() {
-        addr.sun_path[k + 1] = b as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    let (addr, len) = abstract_addr(name);
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
     let bound = unsafe {
         libc::bind(
             sock.as_raw_fd(),
             (&addr as *const libc::sockaddr_un).cast(),
-            len as libc::socklen_t,
+            len,
         ) == 0
             && libc::listen(sock.as_raw_fd(), 64) == 0
     };
     if !bound {
         return Err(format!(
-            "binding the agent socket: {}",
+            "binding socket {name}: {}",
             std::io::Error::last_os_error()
         ));
     }
-    Ok((sock, name))
+    Ok(sock)
+}
+
+/// Waits (at most 50 ms) for a connection on `listener`.
+fn accept_within(listener: &OwnedFd) -> Option<OwnedFd> {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+        return None;
+    }
+    // SAFETY: accepting on our listening socket.
+    let raw = unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    // SAFETY: a fresh descriptor nobody else owns.
+    (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
 /// Everything the supervisor's threads share.
@@ -196,6 +241,8 @@ struct Supervisor {
     rt: Runtime,
     fallback: Fallback,
     served: Mutex<Vec<Served>>,
+    /// The command line, for reports.
+    program: String,
     /// An image was refused (the run then exits 1).
     refused: AtomicBool,
     done: AtomicBool,
@@ -259,27 +306,38 @@ impl Supervisor {
     /// Accepts agents until the run is over.
     fn accept_loop(&self, listener: OwnedFd) {
         while !self.done.load(Ordering::Acquire) {
-            let mut pfd = libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
-                continue;
+            if let Some(sock) = accept_within(&listener) {
+                self.welcome(sock);
             }
-            // SAFETY: accepting on our listening socket.
-            let raw = unsafe {
-                libc::accept4(
-                    listener.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if raw >= 0 {
-                // SAFETY: a fresh descriptor nobody else owns.
-                self.welcome(unsafe { OwnedFd::from_raw_fd(raw) });
+        }
+    }
+
+    /// The report as it stands.
+    fn report(&self) -> Report {
+        let served = self
+            .served
+            .lock()
+            .expect("served lock")
+            .iter()
+            .filter(|s| s.attached.is_alive())
+            .map(|s| s.attached.pid())
+            .collect();
+        Report::of(&self.rt, &self.program, served)
+    }
+
+    /// Answers `uswap stats`: each connection gets one report (JSON), then
+    /// is closed.
+    fn stats_loop(&self, listener: OwnedFd) {
+        while !self.done.load(Ordering::Acquire) {
+            if let Some(sock) = accept_within(&listener) {
+                let json = serde_json::to_vec(&self.report()).expect("a report serializes");
+                let mut out = std::fs::File::from(sock);
+                // A client that went away meanwhile misses nothing.
+                if let Err(e) = std::io::Write::write_all(&mut out, &json) {
+                    if e.kind() != std::io::ErrorKind::BrokenPipe {
+                        eprintln!("uswap: answering uswap stats: {e}");
+                    }
+                }
             }
         }
     }
@@ -338,7 +396,10 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
         }
         Err(e) => return Err(format!("starting the runtime: {e}")),
     };
-    let (listener, name) = listen()?;
+    let name = agent_socket_name();
+    let listener = listen(&name, libc::SOCK_SEQPACKET)?;
+    // SAFETY: getpid has no preconditions.
+    let stats_listener = listen(&stats_socket(unsafe { libc::getpid() }), libc::SOCK_STREAM)?;
     let agent = agent_file()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{} {p}", agent.path.display()),
@@ -366,6 +427,12 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
         rt,
         fallback: args.fallback,
         served: Mutex::new(Vec::new()),
+        program: args
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
         refused: AtomicBool::new(false),
         done: AtomicBool::new(false),
     });
@@ -384,6 +451,13 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
             .spawn(move || sup.scan_loop(every))
             .map_err(|e| e.to_string())?
     };
+    let stats = {
+        let sup = sup.clone();
+        std::thread::Builder::new()
+            .name("uswap-stats".into())
+            .spawn(move || sup.stats_loop(stats_listener))
+            .map_err(|e| e.to_string())?
+    };
     let status = loop {
         match child.wait() {
             Ok(s) => break s,
@@ -394,13 +468,10 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     sup.done.store(true, Ordering::Release);
     acceptor.join().map_err(|_| "the accept thread panicked")?;
     scanner.join().map_err(|_| "the scan thread panicked")?;
-    let stats = sup.rt.stats();
+    stats.join().map_err(|_| "the stats thread panicked")?;
     if let Some(path) = &args.stats_file {
-        let mut text = String::new();
-        for (name, value) in stats.named() {
-            text.push_str(&format!("{name} {value}\n"));
-        }
-        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::write(path, sup.report().vmstat())
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     let refused = sup.refused.load(Ordering::Acquire);
     // Images still alive (children that outlived the program) get what the

@@ -39,6 +39,8 @@ pub(crate) struct Fault {
     addr: usize,
     wp: bool,
     tid: u32,
+    /// When its event was read.
+    read_at: Instant,
 }
 
 fn bump(counter: &std::sync::atomic::AtomicU64) {
@@ -108,6 +110,7 @@ impl EventThread<'_> {
             }
         };
         read += self.read_raw();
+        let read_at = Instant::now();
         let applied = shared.reads.load(Ordering::Acquire);
         let spaces: Vec<Arc<Space>> = shared.spaces.read().expect("spaces lock").clone();
         let origins = std::mem::take(&mut self.origin);
@@ -119,6 +122,7 @@ impl EventThread<'_> {
                     addr,
                     wp,
                     tid,
+                    read_at,
                 }),
                 Event::Remove { start, end } => {
                     if !shared.is_own_drop(space, start, end, applied) {
@@ -489,7 +493,10 @@ fn unprotect(space: &Space, page: usize) -> Step {
 fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool {
     loop {
         match serve(shared, fault, server) {
-            Step::Done => return true,
+            Step::Done => {
+                shared.fault_latency.record(fault.read_at.elapsed());
+                return true;
+            }
             Step::MustWait => return false,
             // What the fault meets may have changed with the events read
             // meanwhile (the folio moved, was dropped or unmapped): decide

@@ -57,6 +57,7 @@ mod events;
 mod fault;
 mod folio;
 mod fork;
+mod latency;
 pub mod memory;
 mod reclaim;
 mod region;
@@ -67,6 +68,7 @@ pub mod uffd;
 pub use attached::Attached;
 pub use config::{BadConfig, Builder, RuntimeConfig};
 pub use counters::RuntimeStats;
+pub use latency::Latencies;
 pub use region::Region;
 
 use crate::accel::{Device, DeviceConfig};
@@ -143,6 +145,8 @@ pub(crate) struct Shared {
     pub reclaimer_tid: AtomicI32,
     pub faults: (Mutex<VecDeque<Fault>>, Condvar),
     pub counters: Counters,
+    /// Page faults, from read to served (see [`latency`]).
+    pub fault_latency: latency::Histogram,
     pub shutdown: AtomicBool,
     /// The program is forking (see [`fork`]).
     pub fork_pending: AtomicBool,
@@ -222,6 +226,7 @@ impl Runtime {
             reclaimer_tid: AtomicI32::new(0),
             faults: (Mutex::new(VecDeque::new()), Condvar::new()),
             counters: Counters::default(),
+            fault_latency: latency::Histogram::default(),
             shutdown: AtomicBool::new(false),
             fork_pending: AtomicBool::new(false),
             unapplied: AtomicBool::new(false),
@@ -361,6 +366,12 @@ impl Runtime {
     /// A snapshot of the counters.
     pub fn stats(&self) -> RuntimeStats {
         self.shared.stats()
+    }
+
+    /// How long page faults took to serve, from their event being read to
+    /// their handler being done.
+    pub fn fault_latency(&self) -> Latencies {
+        self.shared.fault_latency.snapshot()
     }
 
     /// How far resident memory may exceed `memory_high`.
