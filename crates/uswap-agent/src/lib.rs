@@ -29,20 +29,36 @@
 //! reading zeros, until the agent thread, seeing the socket close without
 //! a Release, ends the program with a message.
 //!
-//! A forked child closes the agent's descriptors (its memory is served
-//! through the descriptor the supervisor gets with the fork event); an
-//! exec starts the agent afresh in the new image.
+//! A forked child (fork handler) lets go of its parent's connection and
+//! descriptor, then asks to be adopted: its memory is already served
+//! through the descriptor the supervisor got with the fork event, which
+//! does not say whose it is, so the child first touches its copy of the
+//! beacon, a page the agent keeps unpopulated (the fault reaches the
+//! supervisor with the child's pid), makes it unpopulated again for its own
+//! children, connects, and starts its own agent thread on its copy of the
+//! agent's stack. The supervisor sends it its descriptor, which it keeps
+//! for the same reason as above. An exec starts the agent afresh in the
+//! new image.
 
 #![deny(missing_docs)]
 
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET, SOCKET_ENV_C};
 
 /// The connection to the supervisor (-1: none).
 static SOCKET: AtomicI32 = AtomicI32::new(-1);
 /// The agent's copy of the userfaultfd (-1: none).
 static UFFD: AtomicI32 = AtomicI32::new(-1);
+/// The agent thread's stack (also a forked child's, at the same address).
+static STACK_BASE: AtomicUsize = AtomicUsize::new(0);
+/// The beacon page (see the module docs).
+static BEACON: AtomicUsize = AtomicUsize::new(0);
+/// The supervisor's socket name, for forked children (no allocation there).
+static NAME: OnceLock<([u8; 108], usize)> = OnceLock::new();
+
+const PAGE: usize = 4096;
 
 /// Runs before `main` (and before the constructors of libraries loaded
 /// after the agent).
@@ -199,33 +215,81 @@ fn send_packet(sock: i32, packet: &[u8; PACKET], fd: i32) -> bool {
 
 /// Receives one packet: `None` at end of file or on an error.
 fn recv_packet(sock: i32) -> Option<[u8; PACKET]> {
+    recv_packet_fd(sock).map(|(p, fd)| {
+        close(fd);
+        p
+    })
+}
+
+/// Receives one packet and the descriptor that came with it (-1: none).
+fn recv_packet_fd(sock: i32) -> Option<([u8; PACKET], i32)> {
     let mut buf = [0u8; PACKET];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: PACKET,
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to live
+    // buffers below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
     loop {
-        // SAFETY: receiving into a stack buffer of PACKET bytes.
-        let n = unsafe { libc::recv(sock, buf.as_mut_ptr().cast(), PACKET, 0) };
-        if n == PACKET as isize {
-            return Some(buf);
-        }
+        // SAFETY: `msg` describes live buffers for the call's duration.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
         if n < 0 && errno() == libc::EINTR {
             continue;
         }
+        let mut fd = -1;
+        // SAFETY: walking the control messages the kernel wrote.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            if n > 0
+                && !cmsg.is_null()
+                && (*cmsg).cmsg_level == libc::SOL_SOCKET
+                && (*cmsg).cmsg_type == libc::SCM_RIGHTS
+            {
+                fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
+            }
+        }
+        if n == PACKET as isize {
+            return Some((buf, fd));
+        }
+        close(fd);
         return None;
     }
 }
 
-fn start(name: &[u8]) -> Result<(), &'static str> {
-    let uffd = new_userfaultfd();
-    // SAFETY: a fresh anonymous mapping for the agent thread's stack.
-    let stack = unsafe {
+/// Maps one fresh anonymous page-aligned range of `len` bytes.
+fn map(len: usize, flags: libc::c_int) -> *mut libc::c_void {
+    // SAFETY: a fresh anonymous mapping at an address of the kernel's choice.
+    unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            STACK,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
             -1,
             0,
         )
-    };
+    }
+}
+
+fn start(name: &[u8]) -> Result<(), &'static str> {
+    let mut saved = [0u8; 108];
+    if name.len() > saved.len() {
+        return Err("the supervisor's socket name is too long");
+    }
+    saved[..name.len()].copy_from_slice(name);
+    let _first = NAME.set((saved, name.len())).is_ok();
+    let beacon = map(PAGE, 0);
+    if beacon == libc::MAP_FAILED {
+        return Err("cannot map the agent's beacon page");
+    }
+    let uffd = new_userfaultfd();
+    let stack = map(STACK, libc::MAP_STACK);
     let unmap_stack = || {
         // SAFETY: our own mapping, never handed out.
         unsafe { libc::munmap(stack, STACK) };
@@ -248,6 +312,8 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
         error: uffd.err().unwrap_or(0),
         stack_start: stack as u64,
         stack_end: stack as u64 + STACK as u64,
+        beacon: beacon as u64,
+        forked: false,
     };
     let sent = send_packet(sock, &hello.encode(), uffd.unwrap_or(-1));
     let verdict = if sent {
@@ -260,9 +326,11 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
             let uffd = uffd.unwrap_or(-1);
             UFFD.store(uffd, Ordering::Release);
             SOCKET.store(sock, Ordering::Release);
+            STACK_BASE.store(stack as usize, Ordering::Release);
+            BEACON.store(beacon as usize, Ordering::Release);
             // SAFETY: registering a plain function for forked children.
             unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
-            if let Err(e) = start_thread(stack) {
+            if let Err(e) = start_thread(stack, FRESH) {
                 // Managed memory but nobody to drop its pages: the
                 // supervisor sees the socket close and lets go.
                 close(sock);
@@ -292,7 +360,12 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
     }
 }
 
-fn start_thread(stack: *mut libc::c_void) -> Result<(), &'static str> {
+/// How the agent thread begins.
+const FRESH: usize = 0;
+/// In a forked child: it asks to be adopted first.
+const FORKED: usize = 1;
+
+fn start_thread(stack: *mut libc::c_void, how: usize) -> Result<(), &'static str> {
     // SAFETY: the attribute object lives on this frame and is destroyed
     // below; the stack is ours and outlives the thread (never unmapped
     // while it runs).
@@ -305,7 +378,7 @@ fn start_thread(stack: *mut libc::c_void) -> Result<(), &'static str> {
             && libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED) == 0;
         let mut thread: libc::pthread_t = 0;
         let created =
-            ok && libc::pthread_create(&mut thread, &attr, serve, std::ptr::null_mut()) == 0;
+            ok && libc::pthread_create(&mut thread, &attr, serve, how as *mut libc::c_void) == 0;
         libc::pthread_attr_destroy(&mut attr);
         if created {
             Ok(())
@@ -316,13 +389,22 @@ fn start_thread(stack: *mut libc::c_void) -> Result<(), &'static str> {
 }
 
 /// The agent thread: drops pages on request until the supervisor lets go.
-extern "C" fn serve(_: *mut libc::c_void) -> *mut libc::c_void {
+extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
     // The program's signals are for its own threads.
     // SAFETY: a full set, applied to this thread only.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+    if how as usize == FORKED {
+        if let Err(what) = ask_adoption() {
+            say(&[
+                what,
+                "; this forked child's memory is served but not compressed",
+            ]);
+            return std::ptr::null_mut();
+        }
     }
     let sock = SOCKET.load(Ordering::Acquire);
     loop {
@@ -367,8 +449,70 @@ fn supervisor_gone() -> ! {
     }
 }
 
-/// In a forked child: the agent's descriptors belong to the parent image.
+/// In a forked child: the agent's connection and descriptor belong to the
+/// parent image. The child says which address space is its by touching its
+/// beacon (the fault carries this thread's id, the child's pid), leaves the
+/// beacon unpopulated again for its own children, and starts its agent
+/// thread, which asks to be adopted. The thread does the asking, not this
+/// handler: once adopted, the child is evicted from, and an eviction waits
+/// for the agent thread, never for the program's threads (which may be
+/// waiting on that eviction).
 extern "C" fn forked_child() {
-    close(SOCKET.swap(-1, Ordering::AcqRel));
+    let parent_sock = SOCKET.swap(-1, Ordering::AcqRel);
+    close(parent_sock);
     close(UFFD.swap(-1, Ordering::AcqRel));
+    if parent_sock < 0 {
+        return;
+    }
+    let beacon = BEACON.load(Ordering::Acquire);
+    // SAFETY: the beacon is the agent's own page, never handed out.
+    unsafe {
+        std::ptr::read_volatile(beacon as *const u8);
+        libc::madvise(beacon as *mut _, PAGE, libc::MADV_DONTNEED);
+    }
+    let stack = STACK_BASE.load(Ordering::Acquire) as *mut libc::c_void;
+    if let Err(what) = start_thread(stack, FORKED) {
+        say(&[
+            what,
+            "; this forked child's memory is served but not compressed",
+        ]);
+    }
+}
+
+/// On a forked child's agent thread: connects and asks to be adopted; on
+/// success the connection and the child's own descriptor are the agent's.
+fn ask_adoption() -> Result<(), &'static str> {
+    let (name, len) = NAME.get().ok_or("no supervisor name")?;
+    let stack = STACK_BASE.load(Ordering::Acquire);
+    let sock = connect(&name[..*len])?;
+    let hello = Hello {
+        // SAFETY: getpid has no preconditions.
+        pid: unsafe { libc::getpid() },
+        error: 0,
+        stack_start: stack as u64,
+        stack_end: (stack + STACK) as u64,
+        beacon: BEACON.load(Ordering::Acquire) as u64,
+        forked: true,
+    };
+    let verdict = if send_packet(sock, &hello.encode(), -1) {
+        recv_packet_fd(sock)
+    } else {
+        None
+    };
+    match verdict {
+        Some((packet, uffd)) if Verdict::decode(&packet) == Some(Verdict::Managed) => {
+            UFFD.store(uffd, Ordering::Release);
+            SOCKET.store(sock, Ordering::Release);
+            Ok(())
+        }
+        Some((_, uffd)) => {
+            close(uffd);
+            close(sock);
+            Err("the supervisor did not adopt it")
+        }
+        None => {
+            close(sock);
+            Err("the supervisor did not answer")
+        }
+    }
 }

@@ -166,22 +166,24 @@ fn the_agent_stays_out_of_the_way_when_no_supervisor_answers() {
 #[test]
 fn a_program_whose_supervisor_dies_is_ended_not_fed_zeros() {
     let exe = build("holder");
-    let mut sup = Command::new(USWAP)
-        .args(["run", "--memory-high", "16M", "--"])
-        .arg(&exe)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(sup.stdout.take().unwrap()).lines();
+    let mut sup = KillOnDrop(
+        Command::new(USWAP)
+            .args(["run", "--memory-high", "16M", "--"])
+            .arg(&exe)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(sup.0.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     let pid: i32 = first
         .strip_prefix("ready ")
         .unwrap_or_else(|| panic!("{first}"))
         .parse()
         .unwrap();
-    sup.kill().unwrap();
-    sup.wait().unwrap();
+    sup.0.kill().unwrap();
+    sup.0.wait().unwrap();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(
         rest.iter().all(|l| !l.contains("WRONG")),
@@ -198,7 +200,7 @@ fn a_program_whose_supervisor_dies_is_ended_not_fed_zeros() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut err = String::new();
-    std::io::Read::read_to_string(&mut sup.stderr.take().unwrap(), &mut err).unwrap();
+    std::io::Read::read_to_string(&mut sup.0.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("supervisor is gone"), "{err}");
 }
 
@@ -214,19 +216,66 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
+/// A forked child that does not exec is evicted from like its parent: its
+/// resident memory stays near the limit while it holds six times as much.
+#[test]
+fn a_forked_child_is_held_to_the_limit_too() {
+    let exe = build("forkgrow");
+    let alone = run(&mut Command::new(&exe));
+    let alone = text(&alone.stdout);
+    let rss_alone: u64 = child_rss(&alone);
+    let stats = exe.with_extension("forkgrow-stats");
+    let managed = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "32M", "--stats-file"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&exe));
+    assert!(managed.status.success(), "{}", text(&managed.stderr));
+    let out = text(&managed.stdout);
+    assert!(out.contains("parent ok 0"), "{out}");
+    let rss = child_rss(&out);
+    assert!(
+        rss < 96 * 1024 && rss_alone > 190 * 1024,
+        "the child held {rss} KiB under uswap, {rss_alone} KiB alone"
+    );
+    let c = counters(&stats);
+    assert_eq!(c["forks"], 1, "{c:?}");
+}
+
+fn child_rss(out: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("child ok "))
+        .unwrap_or_else(|| panic!("{out}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Ends a process when dropped (a test that fails leaves nothing running).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `uswap stats` reads a running supervisor: by its pid or the program's,
 /// as `name value` lines or JSON; once the supervisor is gone, it says so.
 #[test]
 fn uswap_stats_reads_a_running_supervisor() {
     let exe = build("holder");
-    let mut sup = Command::new(USWAP)
-        .args(["run", "--memory-high", "16M", "--"])
-        .arg(&exe)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(sup.stdout.take().unwrap()).lines();
+    let mut sup = KillOnDrop(
+        Command::new(USWAP)
+            .args(["run", "--memory-high", "16M", "--"])
+            .arg(&exe)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(sup.0.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     let program: i32 = first.strip_prefix("ready ").unwrap().parse().unwrap();
     // Memory the program maps after it starts is picked up by the next scan
@@ -240,7 +289,7 @@ fn uswap_stats_reads_a_running_supervisor() {
             break report;
         }
     };
-    assert_eq!(report["supervisor"], sup.id() as i64);
+    assert_eq!(report["supervisor"], sup.0.id() as i64);
     assert_eq!(report["served"][0], program as i64);
     assert!(
         report["counters"]["zswpin"].as_u64().unwrap() > 0,
@@ -254,7 +303,7 @@ fn uswap_stats_reads_a_running_supervisor() {
         report["compression_ratio"].as_f64().unwrap() > 0.0,
         "{report}"
     );
-    let plain = run(Command::new(USWAP).args(["stats", &sup.id().to_string()]));
+    let plain = run(Command::new(USWAP).args(["stats", &sup.0.id().to_string()]));
     assert!(plain.status.success());
     let plain = text(&plain.stdout);
     assert!(plain.lines().any(|l| l.starts_with("zswpin ")), "{plain}");
@@ -265,8 +314,8 @@ fn uswap_stats_reads_a_running_supervisor() {
         "{plain}"
     );
     // SAFETY: asks the supervisor to end (it passes SIGTERM on).
-    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
-    let status = sup.wait().unwrap();
+    unsafe { libc::kill(sup.0.id() as i32, libc::SIGTERM) };
+    let status = sup.0.wait().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     let after = run(Command::new(USWAP).args(["stats", &program.to_string()]));
     assert_eq!(after.status.code(), Some(1));

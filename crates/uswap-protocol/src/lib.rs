@@ -7,8 +7,11 @@
 //!
 //! ```text
 //! agent                                   supervisor
-//!   Hello {pid, agent stack, error} ------->   (+ the userfaultfd, SCM_RIGHTS,
-//!                                               unless error != 0)
+//!   Hello {pid, agent stack, beacon, error} -> (+ the userfaultfd, SCM_RIGHTS,
+//!                                               unless error != 0; none for
+//!                                               a forked child, whose
+//!                                               descriptor came with the
+//!                                               fork event)
 //!        <------- Verdict {Managed | Unmanaged | Exit}
 //!   (agent thread, if Managed)
 //!        <------- Drop {seq, start, len}
@@ -29,7 +32,7 @@ pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
 
 /// Marks a Hello, and the protocol's version.
-pub const MAGIC: u64 = 0x7573_7761_7001;
+pub const MAGIC: u64 = 0x7573_7761_7002;
 
 /// The agent's first message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +46,11 @@ pub struct Hello {
     pub stack_start: u64,
     /// End of the agent thread's stack.
     pub stack_end: u64,
+    /// A page the agent never touches; a forked child touches its copy to
+    /// say which address space is its.
+    pub beacon: u64,
+    /// Sent from a forked child (no descriptor comes with it).
+    pub forked: bool,
 }
 
 /// What the supervisor decided about a program image.
@@ -82,9 +90,9 @@ pub struct Dropped {
 }
 
 /// Bytes of every packet.
-pub const PACKET: usize = 32;
+pub const PACKET: usize = 48;
 
-fn words(w: [u64; 4]) -> [u8; PACKET] {
+fn words(w: [u64; 6]) -> [u8; PACKET] {
     let mut out = [0u8; PACKET];
     for (k, v) in w.iter().enumerate() {
         out[k * 8..k * 8 + 8].copy_from_slice(&v.to_ne_bytes());
@@ -92,8 +100,8 @@ fn words(w: [u64; 4]) -> [u8; PACKET] {
     out
 }
 
-fn unwords(b: &[u8; PACKET]) -> [u64; 4] {
-    let mut w = [0u64; 4];
+fn unwords(b: &[u8; PACKET]) -> [u64; 6] {
+    let mut w = [0u64; 6];
     for (k, v) in w.iter_mut().enumerate() {
         let mut x = [0u8; 8];
         x.copy_from_slice(&b[k * 8..k * 8 + 8]);
@@ -110,6 +118,8 @@ impl Hello {
             (self.pid as u32 as u64) | ((self.error as u32 as u64) << 32),
             self.stack_start,
             self.stack_end,
+            self.beacon,
+            self.forked as u64,
         ])
     }
 
@@ -121,6 +131,8 @@ impl Hello {
             error: (w[1] >> 32) as u32 as i32,
             stack_start: w[2],
             stack_end: w[3],
+            beacon: w[4],
+            forked: w[5] != 0,
         })
     }
 }
@@ -134,6 +146,8 @@ impl Verdict {
                 Verdict::Unmanaged => 2,
                 Verdict::Exit => 3,
             },
+            0,
+            0,
             0,
             0,
             0,
@@ -155,8 +169,8 @@ impl Request {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
         match *self {
-            Request::Drop { seq, start, len } => words([1, seq, start, len]),
-            Request::Release => words([2, 0, 0, 0]),
+            Request::Drop { seq, start, len } => words([1, seq, start, len, 0, 0]),
+            Request::Release => words([2, 0, 0, 0, 0, 0]),
         }
     }
 
@@ -178,7 +192,7 @@ impl Request {
 impl Dropped {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
-        words([3, self.seq, self.errno as u32 as u64, 0])
+        words([3, self.seq, self.errno as u32 as u64, 0, 0, 0])
     }
 
     /// Reads a packet.
@@ -202,6 +216,8 @@ mod tests {
             error: -1,
             stack_start: 0x7f00_0000_0000,
             stack_end: 0x7f00_0004_0000,
+            beacon: 0x7f00_0010_0000,
+            forked: true,
         };
         assert_eq!(Hello::decode(&h.encode()), Some(h));
         for v in [Verdict::Managed, Verdict::Unmanaged, Verdict::Exit] {

@@ -4,7 +4,7 @@
 //! program ([`DropPages`]).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use uswap::mm::memory::{DropError, DropPages};
 use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET};
@@ -17,8 +17,36 @@ pub struct AgentLink {
 }
 
 fn send(sock: RawFd, packet: &[u8; PACKET]) -> io::Result<()> {
-    // SAFETY: sending a borrowed buffer of PACKET bytes.
-    let n = unsafe { libc::send(sock, packet.as_ptr().cast(), PACKET, libc::MSG_NOSIGNAL) };
+    send_with(sock, packet, None)
+}
+
+/// Sends one packet, with descriptor `fd` attached if given.
+fn send_with(sock: RawFd, packet: &[u8; PACKET], fd: Option<BorrowedFd>) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: packet.as_ptr() as *mut _,
+        iov_len: PACKET,
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to live
+    // buffers below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: the control buffer holds one cmsghdr and an int, which
+        // CMSG_FIRSTHDR and CMSG_DATA address inside it.
+        unsafe {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd.as_raw_fd());
+        }
+    }
+    // SAFETY: `msg` describes live buffers for the call's duration.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
     if n == PACKET as isize {
         Ok(())
     } else if n < 0 {
@@ -102,6 +130,16 @@ impl AgentLink {
     /// Tells the agent what was decided.
     pub fn verdict(&self, v: Verdict) -> io::Result<()> {
         send(self.sock.as_raw_fd(), &v.encode())
+    }
+
+    /// Tells a forked child's agent it is adopted, with its descriptor (it
+    /// keeps a copy, see the agent's docs).
+    pub fn adopted(&self, uffd: BorrowedFd) -> io::Result<()> {
+        send_with(
+            self.sock.as_raw_fd(),
+            &Verdict::Managed.encode(),
+            Some(uffd),
+        )
     }
 }
 

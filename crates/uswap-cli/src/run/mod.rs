@@ -13,7 +13,8 @@
 //! Every image of the process tree that loads the agent (CMD, and whatever
 //! it or its children exec) is attached to the one runtime, so the limit is
 //! for all of them together; a fork's child is served through the
-//! descriptor its fork event brings (not evicted from). When CMD exits, the
+//! descriptor its fork event brings, and adopted (evicted from too) once
+//! its agent thread asks (see the agent's docs). When CMD exits, the
 //! runtime installs what images still alive hold in the store, lets go of
 //! them, and the agents end quietly.
 
@@ -276,16 +277,21 @@ impl Supervisor {
                 eprintln!("uswap: telling process {}: {e}", hello.pid);
             }
         };
+        if hello.forked {
+            return self.adopt(link, hello);
+        }
         let Some(uffd) = uffd else {
             return refuse(format!(
                 "it may not create a userfaultfd ({}; a seccomp filter such as Docker's default, or no permission)",
                 std::io::Error::from_raw_os_error(hello.error)
             ));
         };
-        let attached = match self
-            .rt
-            .attach(uffd, hello.pid, Box::new(Dropper(link.clone())))
-        {
+        let attached = match self.rt.attach(
+            uffd,
+            hello.pid,
+            Some(hello.beacon as usize),
+            Box::new(Dropper(link.clone())),
+        ) {
             Ok(a) => a,
             Err(e) => return refuse(e.to_string()),
         };
@@ -299,6 +305,33 @@ impl Supervisor {
         }
         if let Err(e) = link.verdict(Verdict::Managed) {
             eprintln!("uswap: process {} went away: {e}", hello.pid);
+        }
+        self.served.lock().expect("served lock").push(served);
+    }
+
+    /// A forked child of a served image asks to be evicted from too.
+    fn adopt(&self, link: Arc<AgentLink>, hello: uswap_protocol::Hello) {
+        let attached = match self.rt.adopt(hello.pid, Box::new(Dropper(link.clone()))) {
+            Ok(a) => a,
+            Err(e) => {
+                // Still served (through its fork event's descriptor), just
+                // not compressed.
+                eprintln!("uswap: forked process {}: {e}", hello.pid);
+                if let Err(e) = link.verdict(Verdict::Unmanaged) {
+                    eprintln!("uswap: telling process {}: {e}", hello.pid);
+                }
+                return;
+            }
+        };
+        let served = Served {
+            attached,
+            agent_stack: (hello.stack_start as usize, hello.stack_end as usize),
+        };
+        // What the child maps from now on is found by the scans; what it
+        // had at the fork is its parent's bookkeeping, copied.
+        if let Err(e) = link.adopted(served.attached.uffd()) {
+            eprintln!("uswap: forked process {} went away: {e}", hello.pid);
+            return;
         }
         self.served.lock().expect("served lock").push(served);
     }

@@ -19,6 +19,7 @@ use super::memory::{DropPages, Memory};
 use super::space::{Owner, RegionInner, Space};
 use super::uffd::{Features, Uffd};
 use super::{Runtime, Shared};
+use crate::page::PAGE_SIZE;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
@@ -33,12 +34,14 @@ pub struct Attached {
 
 impl Runtime {
     /// Serves process `pid` through `uffd`, a userfaultfd it created (not
-    /// yet negotiated), with `dropper` to drop its pages. For a supervisor:
-    /// a process that does not itself fork while it serves.
+    /// yet negotiated), with `dropper` to drop its pages. `beacon`: a page
+    /// of the process that it never touches (see [`Runtime::adopt`]). For a
+    /// supervisor: a process that does not itself fork while it serves.
     pub fn attach(
         &self,
         uffd: OwnedFd,
         pid: libc::pid_t,
+        beacon: Option<usize>,
         dropper: Box<dyn DropPages>,
     ) -> io::Result<Attached> {
         let shared = &self.shared;
@@ -48,18 +51,67 @@ impl Runtime {
                 fork: shared.config.serve_forks,
             },
         )?;
+        if let Some(page) = beacon {
+            uffd.register(page, PAGE_SIZE)
+                .map_err(|e| io::Error::other(format!("registering the beacon page: {e}")))?;
+        }
         let memory = Memory::remote(pid, dropper)?;
         let space = Arc::new(Space::new(
             shared.next_space_id(),
             uffd,
             Owner::Attached,
             Some(memory),
+            beacon,
         ));
         shared
             .spaces
             .write()
             .expect("spaces lock")
             .push(space.clone());
+        Ok(Attached {
+            shared: shared.clone(),
+            space,
+            pid,
+        })
+    }
+}
+
+impl Runtime {
+    /// Evicts from a forked child of an attached process too: `pid` is the
+    /// child, `dropper` drops its pages. The child's space came with its
+    /// parent's fork event, which does not say whose it is; the child says
+    /// it by touching its copy of the parent's beacon page (the fault
+    /// carries its thread id, which is its pid: a forked child's only
+    /// thread), before it asks to be adopted. Its resident folios count
+    /// from then on.
+    pub fn adopt(&self, pid: libc::pid_t, dropper: Box<dyn DropPages>) -> io::Result<Attached> {
+        let shared = &self.shared;
+        let id = shared
+            .beacon_hits
+            .lock()
+            .expect("beacon lock")
+            .remove(&pid)
+            .ok_or_else(|| {
+                io::Error::other(format!(
+                    "process {pid} is not a forked child that touched its beacon"
+                ))
+            })?;
+        let space = shared
+            .space(id)
+            .ok_or_else(|| io::Error::other(format!("process {pid} is gone")))?;
+        let memory = Memory::remote(pid, dropper)?;
+        // Under the gate's write side: no folio of the space is published
+        // meanwhile, so each resident one is counted exactly once.
+        let gate = shared.write_gate();
+        if space.memory.set(memory).is_err() {
+            return Err(io::Error::other(format!(
+                "process {pid} is adopted already"
+            )));
+        }
+        for region in space.regions.read().expect("regions lock").iter() {
+            shared.count_resident_region(&space, region);
+        }
+        drop(gate);
         Ok(Attached {
             shared: shared.clone(),
             space,
@@ -78,6 +130,14 @@ impl Attached {
     /// it has exited or exec'd.
     pub fn is_alive(&self) -> bool {
         self.space.alive.load(Ordering::Acquire) && self.space.uffd.is_alive()
+    }
+
+    /// The process's userfaultfd (a supervisor hands a forked child a copy:
+    /// see `Runtime::adopt`).
+    pub fn uffd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the descriptor lives as long as the space, which `self`
+        // holds.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.space.uffd.raw_fd()) }
     }
 
     /// The ranges managed so far, as `(start, len)` where they are now.
@@ -108,7 +168,7 @@ impl Attached {
             .uffd
             .register(start, len)
             .map_err(|e| io::Error::other(format!("registering {start:#x}+{len:#x}: {e}")))?;
-        let memory = self.space.memory.as_ref().expect("attached memory");
+        let memory = self.space.memory.get().expect("attached memory");
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
         let region = Arc::new(RegionInner::new(id, start, len, fs, UNTOUCHED, false));
         for (i, f) in region.folios.iter().enumerate() {

@@ -26,7 +26,7 @@ use super::folio::{
 };
 use super::space::{AtDestination, Extras, Owner, RegionInner, Space};
 use super::uffd::Uffd;
-use super::Shared;
+use super::{FolioRef, Shared};
 use crate::page::PAGE_SIZE;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -274,6 +274,7 @@ pub(crate) fn on_fork(
         child,
         Owner::Child,
         None,
+        parent.beacon,
     ));
     let mut regions = Vec::new();
     for r in parent.regions.read().expect("regions lock").iter() {
@@ -407,6 +408,18 @@ pub(crate) fn resolve_inheritors(
             }
         };
         f.set(next);
+        if next == RESIDENT && child.is_evicted() {
+            // An adopted child's resident memory counts (see
+            // `Runtime::adopt`).
+            shared
+                .resident
+                .fetch_add(heir.region.folio_size, Ordering::AcqRel);
+            shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
+                space: child.id,
+                region: heir.region.id,
+                folio: i as u32,
+            });
+        }
         super::swapin::wake_range(&child, heir.region.folio_addr(i), heir.region.folio_size);
         // Faults where its moved pages live wait for them too.
         for (to, len) in extras.moved_ranges() {

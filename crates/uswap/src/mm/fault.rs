@@ -522,9 +522,17 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
         if space.awaits_moved_page(page) {
             return Step::Done;
         }
+        // A forked child saying which space is its (see `Runtime::adopt`).
+        if space.owner == Owner::Child && space.beacon == Some(page) {
+            shared
+                .beacon_hits
+                .lock()
+                .expect("beacon lock")
+                .insert(fault.tid as i32, space.id);
+        }
         // Other registered memory no region tracks (moved out of a region
-        // by a cut, or grown by mremap): fresh anonymous memory reads as
-        // zero, and a stale write protection is lifted.
+        // by a cut, or grown by mremap, or a beacon): fresh anonymous memory
+        // reads as zero, and a stale write protection is lifted.
         return if fault.wp {
             unprotect(space, page)
         } else {

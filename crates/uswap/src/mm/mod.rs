@@ -145,6 +145,9 @@ pub(crate) struct Shared {
     pub reclaimer_tid: AtomicI32,
     pub faults: (Mutex<VecDeque<Fault>>, Condvar),
     pub counters: Counters,
+    /// Forked children that touched their beacon page: pid -> space id
+    /// (see [`Runtime::adopt`]).
+    pub beacon_hits: Mutex<std::collections::HashMap<i32, u32>>,
     /// Page faults, from read to served (see [`latency`]).
     pub fault_latency: latency::Histogram,
     pub shutdown: AtomicBool,
@@ -211,6 +214,7 @@ impl Runtime {
                 uffd,
                 Owner::Runtime,
                 Some(Memory::Own),
+                None,
             ))]),
             next_space: AtomicU32::new(1),
             next_region: AtomicU32::new(0),
@@ -227,6 +231,7 @@ impl Runtime {
             faults: (Mutex::new(VecDeque::new()), Condvar::new()),
             counters: Counters::default(),
             fault_latency: latency::Histogram::default(),
+            beacon_hits: Mutex::new(std::collections::HashMap::new()),
             shutdown: AtomicBool::new(false),
             fork_pending: AtomicBool::new(false),
             unapplied: AtomicBool::new(false),
@@ -528,6 +533,20 @@ impl Shared {
         }
     }
 
+    /// The event gate's write side, for a thread other than the event
+    /// thread that must keep every folio state still (see
+    /// [`Shared::read_gate`] for why it waits while events are unapplied).
+    pub fn write_gate(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        loop {
+            let gate = self.gate.write().expect("event gate");
+            if !self.unapplied.load(Ordering::SeqCst) {
+                return gate;
+            }
+            drop(gate);
+            std::thread::yield_now();
+        }
+    }
+
     /// Called by each runtime thread once it has made its start-up
     /// allocations (from here on it allocates only where a fork cannot be
     /// waiting on it).
@@ -567,7 +586,7 @@ impl Shared {
     /// program then reads the bytes it dropped instead of zeros); the event
     /// carries no thread to tell them apart.
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
-        let Some(memory) = &space.memory else {
+        let Some(memory) = space.memory.get() else {
             return false;
         };
         let mut drops = self.own_drops.lock().expect("own drops lock");

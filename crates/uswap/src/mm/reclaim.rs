@@ -257,7 +257,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> bool
     let space = &*space;
     let memory = space
         .memory
-        .as_ref()
+        .get()
         .expect("an evicted space reaches its memory");
     // Keep the plug sorted so that adjacent folios form runs.
     plug.sort_by_key(|v| (v.region.id, v.folio));
@@ -387,7 +387,7 @@ fn finish_folio(
     if let Some(range) = stored {
         let memory = space
             .memory
-            .as_ref()
+            .get()
             .expect("an evicted space reaches its memory");
         if memory.present_pages(region.folio_addr(i), fs) > 0 {
             shared.store.invalidate(range);

@@ -23,7 +23,7 @@ use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::SlotRange;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// The runtime's view of one managed range of one address space.
 pub(crate) struct RegionInner {
@@ -230,9 +230,13 @@ pub(crate) struct Space {
     pub uffd: Uffd,
     /// Whose memory it is.
     pub owner: Owner,
-    /// How the reclaimer reaches its memory; `None` for a space that is not
-    /// evicted from (a forked child).
-    pub memory: Option<Memory>,
+    /// How the reclaimer reaches its memory; unset for a space that is not
+    /// evicted from (a forked child, until a supervisor adopts it).
+    pub memory: OnceLock<Memory>,
+    /// A page the program's agent keeps unpopulated, so that a forked
+    /// child, by touching its copy, says which space is its (see
+    /// [`super::attached`]); copied to forked children.
+    pub beacon: Option<usize>,
     /// The managed ranges.
     pub regions: RwLock<Vec<Arc<RegionInner>>>,
     /// Extras by (region id, folio index), for folios with [`EXTRA`] set.
@@ -249,12 +253,23 @@ pub(crate) struct Space {
 
 impl Space {
     /// A space with no regions yet.
-    pub fn new(id: u32, uffd: Uffd, owner: Owner, memory: Option<Memory>) -> Space {
+    pub fn new(
+        id: u32,
+        uffd: Uffd,
+        owner: Owner,
+        memory: Option<Memory>,
+        beacon: Option<usize>,
+    ) -> Space {
+        let cell = OnceLock::new();
+        if let Some(m) = memory {
+            let _unset = cell.set(m).is_ok();
+        }
         Space {
             id,
             uffd,
             owner,
-            memory,
+            memory: cell,
+            beacon,
             regions: RwLock::new(Vec::new()),
             extras: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
@@ -265,7 +280,7 @@ impl Space {
     /// Whether the space is evicted from (and its resident folios count
     /// towards `memory_high`).
     pub fn is_evicted(&self) -> bool {
-        self.memory.is_some()
+        self.memory.get().is_some()
     }
 
     /// The region and folio index holding `addr`.
