@@ -41,7 +41,8 @@ enum Command {
     ///
     /// Every option can also be given in the environment, as USWAP_ and the
     /// option's name in capitals with underscores (--memory-high:
-    /// USWAP_MEMORY_HIGH).
+    /// USWAP_MEMORY_HIGH), or in a file given with --config.
+    #[command(args_override_self = true)]
     Run(run::Args),
     /// The live counters of running `uswap run` supervisors (/proc/vmstat
     /// form, or --json), with resident, stored and pool bytes, the
@@ -63,7 +64,14 @@ enum BenchCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = match run::config::expand(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("uswap: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Bench { which } => match which {
             BenchCommand::Codecs(args) => bench::codecs::run(&args),

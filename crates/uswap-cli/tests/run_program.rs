@@ -114,6 +114,9 @@ fn bad_flags_and_sizes_exit_2_with_a_message() {
     assert!(err.contains("memory-high"), "{err}");
     let (s, _) = status_of(&["run"]);
     assert_eq!(s.code(), Some(2));
+    let (s, err) = status_of(&["run", "--no-such-option", "--", "true"]);
+    assert_eq!(s.code(), Some(2));
+    assert!(err.contains("--no-such-option"), "{err}");
     let (s, err) = status_of(&["run", "--", "/nonexistent/program"]);
     assert_eq!(s.code(), Some(1));
     assert!(err.contains("/nonexistent/program"), "{err}");
@@ -319,4 +322,46 @@ fn uswap_stats_reads_a_running_supervisor() {
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     let after = run(Command::new(USWAP).args(["stats", &program.to_string()]));
     assert_eq!(after.status.code(), Some(1));
+}
+
+/// Options from a config file; the environment and the command line
+/// override it; a bad file exits 2.
+#[test]
+fn a_config_file_sets_options_that_the_environment_and_flags_override() {
+    let dir = std::env::temp_dir().join(format!("uswap-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats");
+    let conf = dir.join("uswap.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "# test\nmemory-high = 48M\nstats-file = {}\n",
+            stats.display()
+        ),
+    )
+    .unwrap();
+    let memory_high = |cmd: &mut Command| -> u64 {
+        let out = run(cmd.args(["--", "true"]));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        counters(&stats)["memory_high"]
+    };
+    let base = || {
+        let mut c = Command::new(USWAP);
+        c.arg("run").arg("--config").arg(&conf);
+        c
+    };
+    assert_eq!(memory_high(&mut base()), 48 << 20);
+    assert_eq!(
+        memory_high(base().env("USWAP_MEMORY_HIGH", "80M")),
+        80 << 20
+    );
+    assert_eq!(memory_high(base().args(["--memory-high", "96M"])), 96 << 20);
+    assert_eq!(
+        memory_high(Command::new(USWAP).arg("run").env("USWAP_CONFIG", &conf)),
+        48 << 20
+    );
+    std::fs::write(&conf, "memory-high 48M\n").unwrap();
+    let (s, err) = status_of(&["run", "--config", conf.to_str().unwrap(), "--", "true"]);
+    assert_eq!(s.code(), Some(2));
+    assert!(err.contains("name = value"), "{err}");
 }

@@ -19,6 +19,7 @@
 //! them, and the agents end quietly.
 
 mod agent;
+pub mod config;
 mod maps;
 pub mod report;
 
@@ -60,12 +61,16 @@ pub struct Args {
     /// program exits.
     #[arg(long, env = "USWAP_STATS_FILE")]
     stats_file: Option<PathBuf>,
+    /// Read options from this file (`name = value` lines; the command line
+    /// and USWAP_* variables override it).
+    #[arg(long, env = config::CONFIG_ENV)]
+    config: Option<PathBuf>,
     /// How often new memory of the program is looked for, in milliseconds.
     #[arg(long, default_value_t = 100, env = "USWAP_RESCAN_MS",
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     rescan_ms: u64,
     /// The program, then its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(required = true, trailing_var_arg = true)]
     command: Vec<OsString>,
 }
 
@@ -74,6 +79,8 @@ struct Served {
     attached: Attached,
     /// The agent thread's stack, never managed.
     agent_stack: (usize, usize),
+    /// Said already that the program uses userfaultfd itself.
+    said_busy: AtomicBool,
 }
 
 /// The agent link as the core's page dropper.
@@ -93,6 +100,19 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     if pid > 0 {
         // SAFETY: kill is async-signal-safe.
         unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// SIGTSTP sent to the supervisor: the program stops, and so does the
+/// supervisor, as a job stopped at the terminal would.
+extern "C" fn stop_with_program(_: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    // SAFETY: kill and raise are async-signal-safe.
+    unsafe {
+        if pid > 0 {
+            libc::kill(pid, libc::SIGTSTP);
+        }
+        libc::raise(libc::SIGSTOP);
     }
 }
 
@@ -298,6 +318,7 @@ impl Supervisor {
         let served = Served {
             attached,
             agent_stack: (hello.stack_start as usize, hello.stack_end as usize),
+            said_busy: AtomicBool::new(false),
         };
         let folio = self.rt.config().folio_size;
         if let Err(e) = manage_new_memory(&served, folio) {
@@ -326,6 +347,7 @@ impl Supervisor {
         let served = Served {
             attached,
             agent_stack: (hello.stack_start as usize, hello.stack_end as usize),
+            said_busy: AtomicBool::new(false),
         };
         // What the child maps from now on is found by the scans; what it
         // had at the fork is its parent's bookkeeping, copied.
@@ -394,6 +416,9 @@ impl Supervisor {
 
 /// Manages what of an image's memory is not managed yet.
 fn manage_new_memory(s: &Served, folio: usize) -> std::io::Result<()> {
+    // The program's own userfaultfd holds some of its memory: said once per
+    // image, and that memory is left to it.
+    let mut said_busy = false;
     let ranges = maps::unmanaged_ranges(
         s.attached.pid(),
         folio,
@@ -404,9 +429,21 @@ fn manage_new_memory(s: &Served, folio: usize) -> std::io::Result<()> {
         // A mapping that changed meanwhile (unmapped, or registered by the
         // program's own userfaultfd) is left alone; the next scan sees it
         // as it is then.
-        if let Err(e) = s.attached.manage(start, len) {
-            if std::env::var_os("USWAP_DEBUG").is_some() {
-                eprintln!("uswap: not managing {start:#x}+{len:#x}: {e}");
+        match s.attached.manage(start, len) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                if !said_busy && !s.said_busy.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "uswap: process {} uses userfaultfd itself; the memory it registered ({start:#x}+{len:#x}, ...) is left to it",
+                        s.attached.pid()
+                    );
+                }
+                said_busy = true;
+            }
+            Err(e) => {
+                if std::env::var_os("USWAP_DEBUG").is_some() {
+                    eprintln!("uswap: not managing {start:#x}+{len:#x}: {e}");
+                }
             }
         }
     }
@@ -452,9 +489,20 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+        for sig in [
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGCONT,
+            libc::SIGWINCH,
+        ] {
             libc::signal(sig, forward_signal as *const () as libc::sighandler_t);
         }
+        libc::signal(
+            libc::SIGTSTP,
+            stop_with_program as *const () as libc::sighandler_t,
+        );
     }
     let sup = Arc::new(Supervisor {
         rt,

@@ -17,7 +17,7 @@
 use super::folio::{RESIDENT, UNTOUCHED};
 use super::memory::{DropPages, Memory};
 use super::space::{Owner, RegionInner, Space};
-use super::uffd::{Features, Uffd};
+use super::uffd::{Features, Uffd, UffdError};
 use super::{Runtime, Shared};
 use crate::page::PAGE_SIZE;
 use std::io;
@@ -154,7 +154,8 @@ impl Attached {
     /// Manages `start..start + len` of the process, which must be private
     /// anonymous memory in whole, aligned folios. Folios with a page in
     /// memory (or in the kernel's swap) count as resident; the others are
-    /// untouched.
+    /// untouched. A range registered with another userfaultfd (the program
+    /// uses userfaultfd itself) is refused with `EBUSY`.
     pub fn manage(&self, start: usize, len: usize) -> io::Result<()> {
         let shared = &self.shared;
         let fs = shared.config.folio_size;
@@ -164,10 +165,10 @@ impl Attached {
                 "manage: the range must be whole, aligned folios",
             ));
         }
-        self.space
-            .uffd
-            .register(start, len)
-            .map_err(|e| io::Error::other(format!("registering {start:#x}+{len:#x}: {e}")))?;
+        self.space.uffd.register(start, len).map_err(|e| match e {
+            UffdError::Os(os) => os,
+            other => io::Error::other(format!("registering {start:#x}+{len:#x}: {other}")),
+        })?;
         let memory = self.space.memory.get().expect("attached memory");
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
         let region = Arc::new(RegionInner::new(id, start, len, fs, UNTOUCHED, false));
