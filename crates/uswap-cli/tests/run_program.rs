@@ -365,3 +365,26 @@ fn a_config_file_sets_options_that_the_environment_and_flags_override() {
     assert_eq!(s.code(), Some(2));
     assert!(err.contains("name = value"), "{err}");
 }
+
+/// Memory a program maps after it starts (here glibc's malloc, whose mmap no
+/// symbol interposition sees) is picked up while the program fills it, not
+/// at the next periodic scan (set a minute away here): the peak stays far
+/// below what it fills.
+#[test]
+fn memory_filled_fast_after_start_is_held_to_the_limit() {
+    let exe = build("fastgrow");
+    let out = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "64M", "--rescan-ms", "60000", "--"])
+        .arg(&exe));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let peak_kb: u64 = text(&out.stdout)
+        .trim()
+        .strip_prefix("peak ")
+        .unwrap_or_else(|| panic!("{}", text(&out.stdout)))
+        .parse()
+        .unwrap();
+    assert!(
+        peak_kb < 256 * 1024,
+        "peak {peak_kb} KiB while filling 512 MiB under 64 MiB"
+    );
+}

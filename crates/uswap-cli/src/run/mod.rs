@@ -34,7 +34,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uswap::mm::memory::{DropError, DropPages};
 use uswap::mm::{Attached, Runtime};
 use uswap_protocol::{Verdict, SOCKET_ENV};
@@ -137,6 +137,35 @@ impl Drop for AgentFile {
     }
 }
 
+/// How the agent's directories are named: the prefix, the supervisor's
+/// pid, a dash, a random part.
+const AGENT_DIR_PREFIX: &str = "uswap-run-";
+
+/// Removes the agent directories of supervisors that were killed before
+/// they could (a SIGKILL leaves no chance to clean up).
+fn remove_stale_agent_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(AGENT_DIR_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim() == "uswap");
+        if !alive {
+            // Another supervisor may be cleaning it at the same moment.
+            let _raced = std::fs::remove_dir_all(e.path()).is_err();
+        }
+    }
+}
+
 /// A path the program's loader can open the agent at (`USWAP_AGENT`
 /// overrides it).
 fn agent_file() -> Result<AgentFile, String> {
@@ -146,8 +175,11 @@ fn agent_file() -> Result<AgentFile, String> {
             dir: None,
         });
     }
+    remove_stale_agent_dirs();
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
     let mut template = std::env::temp_dir()
-        .join("uswap-run-XXXXXX")
+        .join(format!("{AGENT_DIR_PREFIX}{pid}-XXXXXX"))
         .into_os_string()
         .into_vec();
     template.push(0);
@@ -399,19 +431,46 @@ impl Supervisor {
 
     /// Picks up new memory of every served image, and lets go of images
     /// that are gone.
+    ///
+    /// A full scan reads /proc/PID/maps; it runs every `every`, and sooner
+    /// for an image whose resident memory (/proc/PID/statm, cheap to read)
+    /// grew by a 32nd of the limit since its last scan: a program that
+    /// maps and fills memory fast is caught within milliseconds, whether it
+    /// maps through libc's mmap or glibc's malloc does it internally
+    /// (which no symbol interposition would see).
     fn scan_loop(&self, every: Duration) {
+        const LOOK: Duration = Duration::from_millis(5);
         let folio = self.rt.config().folio_size;
+        let growth = (self.rt.config().memory_high / 32).max(1 << 20) as u64;
+        // Per image: resident bytes and time at its last full scan.
+        let mut last: std::collections::HashMap<i32, (u64, Instant)> = Default::default();
         while !self.done.load(Ordering::Acquire) {
-            std::thread::sleep(every);
+            std::thread::sleep(LOOK);
             let mut served = self.served.lock().expect("served lock");
             served.retain(|s| s.attached.is_alive());
+            last.retain(|pid, _| served.iter().any(|s| s.attached.pid() == *pid));
             for s in served.iter() {
+                let pid = s.attached.pid();
+                let rss = resident_bytes(pid);
+                let (then, at) = *last.entry(pid).or_insert((0, Instant::now() - every));
+                if at.elapsed() < every && rss < then + growth {
+                    continue;
+                }
                 // A process that exits between the check and the scan has
                 // nothing more to manage.
                 let _gone = manage_new_memory(s, folio).is_err();
+                last.insert(pid, (rss, Instant::now()));
             }
         }
     }
+}
+
+/// Resident bytes of process `pid` (0 if it is gone).
+fn resident_bytes(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
 /// Manages what of an image's memory is not managed yet.
