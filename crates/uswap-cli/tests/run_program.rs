@@ -99,6 +99,25 @@ fn status_of(args: &[&str]) -> (ExitStatus, String) {
     (out.status, text(&out.stderr))
 }
 
+/// A shell that forks and execs short-lived commands: the supervisor says
+/// nothing (children that exec or exit while being adopted are routine),
+/// and the output is the shell's.
+#[test]
+fn a_shell_running_many_short_commands_prints_only_its_own_output() {
+    let out = run(Command::new(USWAP).args([
+        "run",
+        "--memory-high",
+        "32M",
+        "--",
+        "sh",
+        "-c",
+        "n=0; for i in $(seq 60); do /bin/true; n=$(expr $n + $(echo 1)); done; echo $n",
+    ]));
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout), "60\n");
+    assert_eq!(text(&out.stderr), "");
+}
+
 #[test]
 fn the_programs_exit_status_and_death_by_signal_pass_through() {
     let (s, _) = status_of(&["run", "--memory-high", "64M", "--", "sh", "-c", "exit 7"]);

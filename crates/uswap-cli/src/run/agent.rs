@@ -114,8 +114,12 @@ pub struct Greeting {
 impl AgentLink {
     /// Reads the hello of a freshly accepted connection.
     pub fn greet(sock: OwnedFd) -> io::Result<(AgentLink, Greeting)> {
-        let (packet, uffd) = recv(sock.as_raw_fd())?
-            .ok_or_else(|| io::Error::other("the agent hung up before its hello"))?;
+        let (packet, uffd) = recv(sock.as_raw_fd())?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the agent hung up before its hello",
+            )
+        })?;
         let hello = Hello::decode(&packet)
             .ok_or_else(|| io::Error::other("not an agent of this uswap version"))?;
         Ok((

@@ -306,6 +306,9 @@ impl Supervisor {
     fn welcome(&self, sock: OwnedFd) {
         let (link, Greeting { hello, uffd }) = match AgentLink::greet(sock) {
             Ok(g) => g,
+            // An image that exec'd or exited while connecting (its agent
+            // thread went with it) is no failure.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
             Err(e) => {
                 eprintln!("uswap: an agent connection failed: {e}");
                 return;
@@ -313,6 +316,9 @@ impl Supervisor {
         };
         let link = Arc::new(link);
         let refuse = |why: String| {
+            if is_gone(hello.pid) {
+                return;
+            }
             eprintln!("uswap: process {} cannot be managed: {why}", hello.pid);
             let verdict = match self.fallback {
                 Fallback::Run => {
@@ -326,7 +332,7 @@ impl Supervisor {
                 }
             };
             if let Err(e) = link.verdict(verdict) {
-                eprintln!("uswap: telling process {}: {e}", hello.pid);
+                say_unless_gone(hello.pid, e);
             }
         };
         if hello.forked {
@@ -357,7 +363,7 @@ impl Supervisor {
             return refuse(format!("reading its memory map: {e}"));
         }
         if let Err(e) = link.verdict(Verdict::Managed) {
-            eprintln!("uswap: process {} went away: {e}", hello.pid);
+            say_unless_gone(hello.pid, e);
         }
         self.served.lock().expect("served lock").push(served);
     }
@@ -368,10 +374,15 @@ impl Supervisor {
             Ok(a) => a,
             Err(e) => {
                 // Still served (through its fork event's descriptor), just
-                // not compressed.
-                eprintln!("uswap: forked process {}: {e}", hello.pid);
+                // not compressed. A child that exec'd or exited meanwhile
+                // (a shell's fork-then-exec does that all the time) is not
+                // worth a word.
+                let gone = matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOENT));
+                if !gone {
+                    eprintln!("uswap: forked process {}: {e}", hello.pid);
+                }
                 if let Err(e) = link.verdict(Verdict::Unmanaged) {
-                    eprintln!("uswap: telling process {}: {e}", hello.pid);
+                    say_unless_gone(hello.pid, e);
                 }
                 return;
             }
@@ -384,7 +395,7 @@ impl Supervisor {
         // What the child maps from now on is found by the scans; what it
         // had at the fork is its parent's bookkeeping, copied.
         if let Err(e) = link.adopted(served.attached.uffd()) {
-            eprintln!("uswap: forked process {} went away: {e}", hello.pid);
+            say_unless_gone(hello.pid, e);
             return;
         }
         self.served.lock().expect("served lock").push(served);
@@ -462,6 +473,23 @@ impl Supervisor {
                 last.insert(pid, (rss, Instant::now()));
             }
         }
+    }
+}
+
+/// Whether process `pid` has exited (or is a zombie).
+fn is_gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
+/// Reports a failed send to an agent, unless its process simply went away.
+fn say_unless_gone(pid: i32, e: std::io::Error) {
+    let hung_up = matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET));
+    if !hung_up && !is_gone(pid) {
+        eprintln!("uswap: telling process {pid}: {e}");
     }
 }
 
