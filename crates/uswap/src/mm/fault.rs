@@ -211,6 +211,13 @@ impl EventThread<'_> {
         for space in &gone {
             events::release_space(shared, space);
         }
+        // A child that touched its beacon and exec'd or exited before it
+        // asked to be adopted.
+        shared
+            .beacon_hits
+            .lock()
+            .expect("beacon lock")
+            .retain(|_, id| !gone.iter().any(|g| g.id == *id));
         shared
             .spaces
             .write()
