@@ -172,6 +172,8 @@ impl DropPages for AgentLink {
                 ))),
             },
             Ok(None) => Err(DropError::Gone),
+            // The process exited with the request in flight.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => Err(DropError::Gone),
             Err(e) => Err(DropError::Failed(e)),
         }
     }
