@@ -43,7 +43,7 @@
 #![deny(missing_docs)]
 
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET, SOCKET_ENV_C};
 
@@ -51,6 +51,13 @@ use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET, SOCKET_ENV_C};
 static SOCKET: AtomicI32 = AtomicI32::new(-1);
 /// The agent's copy of the userfaultfd (-1: none).
 static UFFD: AtomicI32 = AtomicI32::new(-1);
+/// This image is served (a forked child asks to be adopted).
+static MANAGED: AtomicBool = AtomicBool::new(false);
+/// The inode of the connection, to tell it from a descriptor the program
+/// opened under the same number after closing ours.
+static SOCKET_INODE: AtomicU64 = AtomicU64::new(0);
+/// The inode of the agent's copy of the userfaultfd.
+static UFFD_INODE: AtomicU64 = AtomicU64::new(0);
 /// The agent thread's stack (also a forked child's, at the same address).
 static STACK_BASE: AtomicUsize = AtomicUsize::new(0);
 /// The beacon page (see the module docs).
@@ -133,6 +140,47 @@ fn new_userfaultfd() -> Result<i32, i32> {
     }
 }
 
+/// Moves a descriptor of the agent's to a high number, out of the way of the
+/// low ones programs reuse after closing (it may close ours: see
+/// [`still_ours`]).
+fn lift(fd: i32) -> i32 {
+    // SAFETY: plain fcntl/getrlimit calls on our own descriptor.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        let floor = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            (lim.rlim_cur.min(4096) as i32 - 100).max(3)
+        } else {
+            3
+        };
+        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor);
+        if high < 0 {
+            return fd;
+        }
+        libc::close(fd);
+        high
+    }
+}
+
+/// The inode behind descriptor `fd` (0 if it is not open).
+fn inode(fd: i32) -> u64 {
+    // SAFETY: fstat into a stack buffer.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) == 0 {
+            st.st_ino
+        } else {
+            0
+        }
+    }
+}
+
+/// Whether `sock` is still the agent's connection: a program may close
+/// every descriptor it did not open (daemons do, and so does a child
+/// between fork and exec), and open others under the same numbers.
+fn still_ours(sock: i32) -> bool {
+    inode(sock) == SOCKET_INODE.load(Ordering::Acquire)
+}
+
 /// Connects to the abstract unix socket `name`.
 fn connect(name: &[u8]) -> Result<i32, &'static str> {
     // SAFETY: a plain socket call.
@@ -164,7 +212,7 @@ fn connect(name: &[u8]) -> Result<i32, &'static str> {
         close(sock);
         return Err("no uswap supervisor answers");
     }
-    Ok(sock)
+    Ok(lift(sock))
 }
 
 /// Sends `packet`, with descriptor `fd` attached when it is >= 0.
@@ -219,6 +267,36 @@ fn recv_packet(sock: i32) -> Option<[u8; PACKET]> {
         close(fd);
         p
     })
+}
+
+/// Why the agent thread stopped receiving.
+enum Ended {
+    /// The supervisor hung up without letting go: it died.
+    SupervisorGone,
+    /// The program closed the agent's connection (or reused its number).
+    TakenByProgram,
+}
+
+/// Receives one request on the agent thread.
+fn next_request(sock: i32) -> Result<Request, Ended> {
+    loop {
+        if !still_ours(sock) {
+            return Err(Ended::TakenByProgram);
+        }
+        match recv_packet(sock) {
+            Some(p) => match Request::decode(&p) {
+                Some(r) => return Ok(r),
+                None => say(&["an unknown request from the supervisor was ignored"]),
+            },
+            None => {
+                return Err(match errno() {
+                    libc::EBADF | libc::ENOTSOCK => Ended::TakenByProgram,
+                    _ if !still_ours(sock) => Ended::TakenByProgram,
+                    _ => Ended::SupervisorGone,
+                })
+            }
+        }
+    }
 }
 
 /// Receives one packet and the descriptor that came with it (-1: none).
@@ -323,9 +401,12 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
     };
     match verdict {
         Some(Verdict::Managed) => {
-            let uffd = uffd.unwrap_or(-1);
+            let uffd = lift(uffd.unwrap_or(-1));
+            UFFD_INODE.store(inode(uffd), Ordering::Release);
             UFFD.store(uffd, Ordering::Release);
+            SOCKET_INODE.store(inode(sock), Ordering::Release);
             SOCKET.store(sock, Ordering::Release);
+            MANAGED.store(true, Ordering::Release);
             STACK_BASE.store(stack as usize, Ordering::Release);
             BEACON.store(beacon as usize, Ordering::Release);
             // SAFETY: registering a plain function for forked children.
@@ -377,8 +458,15 @@ fn start_thread(stack: *mut libc::c_void, how: usize) -> Result<(), &'static str
         let ok = libc::pthread_attr_setstack(&mut attr, stack, STACK) == 0
             && libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED) == 0;
         let mut thread: libc::pthread_t = 0;
+        // The thread starts with every signal blocked (it inherits the
+        // mask): the program's handlers never run on the agent's stack.
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut was: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut was);
         let created =
             ok && libc::pthread_create(&mut thread, &attr, serve, how as *mut libc::c_void) == 0;
+        libc::pthread_sigmask(libc::SIG_SETMASK, &was, std::ptr::null_mut());
         libc::pthread_attr_destroy(&mut attr);
         if created {
             Ok(())
@@ -390,13 +478,8 @@ fn start_thread(stack: *mut libc::c_void, how: usize) -> Result<(), &'static str
 
 /// The agent thread: drops pages on request until the supervisor lets go.
 extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
-    // The program's signals are for its own threads.
-    // SAFETY: a full set, applied to this thread only.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-    }
+    // The program's signals are for its own threads: this one started with
+    // all of them blocked (see `start_thread`).
     if how as usize == FORKED {
         if let Err(what) = ask_adoption() {
             say(&[
@@ -408,11 +491,8 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
     }
     let sock = SOCKET.load(Ordering::Acquire);
     loop {
-        let Some(packet) = recv_packet(sock) else {
-            supervisor_gone();
-        };
-        match Request::decode(&packet) {
-            Some(Request::Drop { seq, start, len }) => {
+        match next_request(sock) {
+            Ok(Request::Drop { seq, start, len }) => {
                 // SAFETY: the supervisor drops only pages of managed folios
                 // it has stored (MADV_DONTNEED cannot harm memory safety:
                 // the pages read back as the supervisor installs them).
@@ -422,18 +502,32 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
                     seq,
                     errno: if r == 0 { 0 } else { errno() },
                 };
+                if !still_ours(sock) {
+                    return quit_quietly();
+                }
                 if !send_packet(sock, &answer.encode(), -1) {
                     supervisor_gone();
                 }
             }
-            Some(Request::Release) => {
+            Ok(Request::Release) => {
                 close(UFFD.swap(-1, Ordering::AcqRel));
                 close(SOCKET.swap(-1, Ordering::AcqRel));
                 return std::ptr::null_mut();
             }
-            None => say(&["an unknown request from the supervisor was ignored"]),
+            Err(Ended::SupervisorGone) => supervisor_gone(),
+            Err(Ended::TakenByProgram) => return quit_quietly(),
         }
     }
+}
+
+/// The program closed the agent's connection: the supervisor sees it hang
+/// up and stops evicting from this image (which it still serves). The
+/// agent's copy of the userfaultfd stays, so that pages never read as
+/// zeros even if the supervisor dies later; the numbers are forgotten, not
+/// closed (they may be the program's now).
+fn quit_quietly() -> *mut libc::c_void {
+    SOCKET.store(-1, Ordering::Release);
+    std::ptr::null_mut()
 }
 
 /// The supervisor died without letting go: pages it held are gone, and the
@@ -458,10 +552,17 @@ fn supervisor_gone() -> ! {
 /// for the agent thread, never for the program's threads (which may be
 /// waiting on that eviction).
 extern "C" fn forked_child() {
+    // The parent's connection and descriptor, if they are still the
+    // agent's (the numbers may be the program's by now).
     let parent_sock = SOCKET.swap(-1, Ordering::AcqRel);
-    close(parent_sock);
-    close(UFFD.swap(-1, Ordering::AcqRel));
-    if parent_sock < 0 {
+    if parent_sock >= 0 && still_ours(parent_sock) {
+        close(parent_sock);
+    }
+    let parent_uffd = UFFD.swap(-1, Ordering::AcqRel);
+    if parent_uffd >= 0 && inode(parent_uffd) == UFFD_INODE.load(Ordering::Acquire) {
+        close(parent_uffd);
+    }
+    if !MANAGED.load(Ordering::Acquire) {
         return;
     }
     let beacon = BEACON.load(Ordering::Acquire);
@@ -501,7 +602,10 @@ fn ask_adoption() -> Result<(), &'static str> {
     };
     match verdict {
         Some((packet, uffd)) if Verdict::decode(&packet) == Some(Verdict::Managed) => {
+            let uffd = lift(uffd);
+            UFFD_INODE.store(inode(uffd), Ordering::Release);
             UFFD.store(uffd, Ordering::Release);
+            SOCKET_INODE.store(inode(sock), Ordering::Release);
             SOCKET.store(sock, Ordering::Release);
             Ok(())
         }

@@ -118,6 +118,25 @@ fn a_shell_running_many_short_commands_prints_only_its_own_output() {
     assert_eq!(text(&out.stderr), "");
 }
 
+/// A forked child that closes every descriptor it did not open and opens
+/// its own goes on working under the limit: the agent neither takes that
+/// for its supervisor dying (it killed the child) nor uses the program's
+/// descriptors.
+#[test]
+fn a_child_that_closes_all_descriptors_keeps_working() {
+    let exe = build("closefds");
+    let out = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "32M", "--"])
+        .arg(&exe));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "child ok\nchild exit 0\n",
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn the_programs_exit_status_and_death_by_signal_pass_through() {
     let (s, _) = status_of(&["run", "--memory-high", "64M", "--", "sh", "-c", "exit 7"]);

@@ -89,7 +89,9 @@ pub struct Dropped {
     pub errno: i32,
 }
 
-/// Bytes of every packet.
+/// Bytes of every packet. Every kind of packet has codes of its own in its
+/// first word (requests 1-2, answers 3, verdicts 11-13, hellos [`MAGIC`]),
+/// so that none can be read as another.
 pub const PACKET: usize = 48;
 
 fn words(w: [u64; 6]) -> [u8; PACKET] {
@@ -142,9 +144,9 @@ impl Verdict {
     pub fn encode(&self) -> [u8; PACKET] {
         words([
             match self {
-                Verdict::Managed => 1,
-                Verdict::Unmanaged => 2,
-                Verdict::Exit => 3,
+                Verdict::Managed => 11,
+                Verdict::Unmanaged => 12,
+                Verdict::Exit => 13,
             },
             0,
             0,
@@ -157,9 +159,9 @@ impl Verdict {
     /// Reads a packet.
     pub fn decode(b: &[u8; PACKET]) -> Option<Verdict> {
         match unwords(b)[0] {
-            1 => Some(Verdict::Managed),
-            2 => Some(Verdict::Unmanaged),
-            3 => Some(Verdict::Exit),
+            11 => Some(Verdict::Managed),
+            12 => Some(Verdict::Unmanaged),
+            13 => Some(Verdict::Exit),
             _ => None,
         }
     }
@@ -235,8 +237,13 @@ mod tests {
         );
         let d = Dropped { seq: 9, errno: 12 };
         assert_eq!(Dropped::decode(&d.encode()), Some(d));
-        // A drop request is not an answer, nor a hello.
+        // No kind of packet reads as another.
         assert_eq!(Dropped::decode(&r.encode()), None);
         assert_eq!(Hello::decode(&r.encode()), None);
+        for v in [Verdict::Managed, Verdict::Unmanaged, Verdict::Exit] {
+            assert_eq!(Request::decode(&v.encode()), None);
+            assert_eq!(Verdict::decode(&r.encode()), None);
+            assert_eq!(Verdict::decode(&Request::Release.encode()), None);
+        }
     }
 }

@@ -45,8 +45,14 @@ fn send_with(sock: RawFd, packet: &[u8; PACKET], fd: Option<BorrowedFd>) -> io::
             std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd.as_raw_fd());
         }
     }
-    // SAFETY: `msg` describes live buffers for the call's duration.
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    let n = loop {
+        // SAFETY: `msg` describes live buffers for the call's duration.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        break n;
+    };
     if n == PACKET as isize {
         Ok(())
     } else if n < 0 {

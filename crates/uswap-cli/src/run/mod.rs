@@ -358,26 +358,42 @@ impl Supervisor {
             agent_stack: (hello.stack_start as usize, hello.stack_end as usize),
             said_busy: AtomicBool::new(false),
         };
-        let folio = self.rt.config().folio_size;
-        if let Err(e) = manage_new_memory(&served, folio) {
-            return refuse(format!("reading its memory map: {e}"));
-        }
+        // The verdict goes first: nothing is managed yet, so no drop
+        // request can reach the agent before it, and its thread (started
+        // on the verdict) reads every request after it.
         if let Err(e) = link.verdict(Verdict::Managed) {
-            say_unless_gone(hello.pid, e);
+            return say_unless_gone(hello.pid, e);
+        }
+        if let Err(e) = manage_new_memory(&served, self.rt.config().folio_size) {
+            if !is_gone(hello.pid) {
+                eprintln!(
+                    "uswap: reading the memory map of process {}: {e}",
+                    hello.pid
+                );
+            }
         }
         self.served.lock().expect("served lock").push(served);
     }
 
     /// A forked child of a served image asks to be evicted from too.
     fn adopt(&self, link: Arc<AgentLink>, hello: uswap_protocol::Hello) {
-        let attached = match self.rt.adopt(hello.pid, Box::new(Dropper(link.clone()))) {
+        // The verdict (with the child's descriptor) is sent before the
+        // child is evicted from (see `welcome`).
+        let verdict = |uffd: std::os::fd::BorrowedFd| link.adopted(uffd);
+        let attached = match self
+            .rt
+            .adopt(hello.pid, Box::new(Dropper(link.clone())), verdict)
+        {
             Ok(a) => a,
             Err(e) => {
                 // Still served (through its fork event's descriptor), just
                 // not compressed. A child that exec'd or exited meanwhile
                 // (a shell's fork-then-exec does that all the time) is not
                 // worth a word.
-                let gone = matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOENT));
+                let gone = matches!(
+                    e.raw_os_error(),
+                    Some(libc::ESRCH | libc::ENOENT | libc::EPIPE | libc::ECONNRESET)
+                );
                 if !gone {
                     eprintln!("uswap: forked process {}: {e}", hello.pid);
                 }
@@ -394,10 +410,6 @@ impl Supervisor {
         };
         // What the child maps from now on is found by the scans; what it
         // had at the fork is its parent's bookkeeping, copied.
-        if let Err(e) = link.adopted(served.attached.uffd()) {
-            say_unless_gone(hello.pid, e);
-            return;
-        }
         self.served.lock().expect("served lock").push(served);
     }
 

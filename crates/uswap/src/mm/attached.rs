@@ -82,9 +82,17 @@ impl Runtime {
     /// parent's fork event, which does not say whose it is; the child says
     /// it by touching its copy of the parent's beacon page (the fault
     /// carries its thread id, which is its pid: a forked child's only
-    /// thread), before it asks to be adopted. Its resident folios count
-    /// from then on.
-    pub fn adopt(&self, pid: libc::pid_t, dropper: Box<dyn DropPages>) -> io::Result<Attached> {
+    /// thread), before it asks to be adopted. `before` runs with the
+    /// child's descriptor once the child is found and before anything of
+    /// it is evicted (a supervisor answers the child there); its error
+    /// calls the adoption off. The child's resident folios count from then
+    /// on.
+    pub fn adopt(
+        &self,
+        pid: libc::pid_t,
+        dropper: Box<dyn DropPages>,
+        before: impl FnOnce(std::os::fd::BorrowedFd) -> io::Result<()>,
+    ) -> io::Result<Attached> {
         let shared = &self.shared;
         let id = shared
             .beacon_hits
@@ -100,6 +108,8 @@ impl Runtime {
             .space(id)
             .ok_or_else(|| io::Error::other(format!("process {pid} is gone")))?;
         let memory = Memory::remote(pid, dropper)?;
+        // SAFETY: the descriptor lives as long as the space, held here.
+        before(unsafe { std::os::fd::BorrowedFd::borrow_raw(space.uffd.raw_fd()) })?;
         // Under the gate's write side: no folio of the space is published
         // meanwhile, so each resident one is counted exactly once.
         let gate = shared.write_gate();
@@ -130,14 +140,6 @@ impl Attached {
     /// it has exited or exec'd.
     pub fn is_alive(&self) -> bool {
         self.space.alive.load(Ordering::Acquire) && self.space.uffd.is_alive()
-    }
-
-    /// The process's userfaultfd (a supervisor hands a forked child a copy:
-    /// see `Runtime::adopt`).
-    pub fn uffd(&self) -> std::os::fd::BorrowedFd<'_> {
-        // SAFETY: the descriptor lives as long as the space, which `self`
-        // holds.
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.space.uffd.raw_fd()) }
     }
 
     /// The ranges managed so far, as `(start, len)` where they are now.
