@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{eventually, fill_and_evict, runtime, Words, MIB};
+use common::{eventually, fill_and_evict, runtime, within, Words, MIB};
 use rand::{Rng, SeedableRng};
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -469,4 +469,39 @@ fn dropping_the_runtime_with_work_in_flight_does_not_hang() {
         drop(region);
         drop(rt);
     }
+}
+
+/// Lowering the limit at run time evicts down to it; raising it lets
+/// memory back in without eviction; every byte survives both.
+#[test]
+fn the_limit_can_be_changed_while_running() {
+    within(Duration::from_secs(60), || {
+        let rt = runtime(8 * MIB, 64 << 10, 8, false);
+        let region = rt.map(8 * MIB).unwrap();
+        let w = Words::of(&region);
+        for i in 0..w.count {
+            w.write(i, i as u64 ^ 0x77);
+        }
+        assert_eq!(rt.stats().evicted_folios, 0, "nothing over the first limit");
+        rt.set_memory_high(2 * MIB);
+        assert_eq!(rt.memory_high(), 2 * MIB);
+        assert!(
+            eventually(|| {
+                rt.reclaim_now();
+                rt.stats().resident_bytes as usize <= 2 * MIB
+            }),
+            "resident {} after lowering the limit to 2 MiB",
+            rt.stats().resident_bytes
+        );
+        rt.set_memory_high(16 * MIB);
+        let evicted = rt.stats().evicted_folios;
+        for i in 0..w.count {
+            assert_eq!(w.read(i), i as u64 ^ 0x77, "word {i}");
+        }
+        assert_eq!(
+            rt.stats().evicted_folios,
+            evicted,
+            "evicted under the raised limit"
+        );
+    });
 }

@@ -1,7 +1,11 @@
 //! `uswap bench faults`: swap-in latency. Memory is filled well above the
 //! limit with corpus pages, then threads touch swapped folios in random
-//! order; each touch is one fault served from the store. Per folio size and
-//! slot free mode: p50/p99/p99.9 and the share of faults per latency bucket.
+//! order; each touch is one fault served from the store. Two modes:
+//! `pressure` keeps the limit, so every fault also needs an eviction;
+//! `no-pressure` (the kernel's usual swap-in test) first pushes everything
+//! out, then lifts the limit, so faults only load. Per mode, folio size and
+//! slot free mode: p50/p99/p99.9 per fault and p50 per page, the share of
+//! faults per latency bucket, and pages brought in per second.
 //! In the same run, the floors: a bare userfaultfd round trip that installs
 //! a 4 KiB / 64 KiB unit with no store behind it, UFFDIO_COPY alone, and the
 //! raw codec's decompression of the same pages.
@@ -42,13 +46,35 @@ pub struct Args {
     /// Compression engines.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
     engines: u32,
+    /// Modes: pressure (every fault also needs an eviction), no-pressure
+    /// (everything pushed out first, then the limit lifted).
+    #[arg(long, default_value = "pressure,no-pressure", value_delimiter = ',')]
+    mode: Vec<Mode>,
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
 }
 
+/// Whether faults also need evictions.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Pressure,
+    NoPressure,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Pressure => "pressure",
+            Mode::NoPressure => "no-pressure",
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Row {
+    mode: Mode,
     folio: String,
     free_mode: &'static str,
     faults: usize,
@@ -56,6 +82,8 @@ struct Row {
     latency: Latency,
     p50_per_page_us: f64,
     p50_vs_floor: f64,
+    /// Pages brought in per second, all threads together.
+    pages_per_sec: f64,
 }
 
 #[derive(Serialize)]
@@ -108,8 +136,15 @@ fn measure_floors(pages: &[u8]) -> Result<Floors, String> {
 }
 
 /// Fills managed memory with corpus pages, then times faults on swapped
-/// folios touched in random order.
-fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Vec<u64>, String> {
+/// folios touched in random order. Returns each fault's latency and the
+/// wall time of the touching.
+fn measure(
+    args: &Args,
+    pressure: Mode,
+    folio: usize,
+    mode: FreeMode,
+    pages: &[u8],
+) -> Result<(Vec<u64>, Duration), String> {
     let rt = Runtime::new(RuntimeConfig {
         memory_high: args.memory_high as usize,
         folio_size: folio,
@@ -130,15 +165,39 @@ fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Ve
         let p = (i * 7) % n;
         page.copy_from_slice(&pages[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
     }
+    if pressure == Mode::NoPressure {
+        // Everything out, then room for everything: faults only load.
+        rt.set_memory_high(folio);
+    }
     let deadline = Instant::now() + Duration::from_secs(20);
-    while rt.stats().resident_bytes > args.memory_high && Instant::now() < deadline {
+    while rt.stats().resident_bytes as usize > rt.memory_high() && Instant::now() < deadline {
         rt.reclaim_now();
         std::thread::sleep(Duration::from_millis(2));
+    }
+    if pressure == Mode::NoPressure {
+        rt.set_memory_high(2 * args.size as usize);
+    }
+    // Evictions already under way finish first.
+    let mut evicted_before = rt.stats().evicted_folios;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = rt.stats().evicted_folios;
+        if now == evicted_before {
+            break;
+        }
+        evicted_before = now;
     }
     let base = region.as_ptr() as usize;
     let folios = region.len() / folio;
     let per_thread = (args.faults / args.threads as u64) as usize;
+    // Without pressure every folio comes in once and stays: the threads
+    // share one random order of all folios (thread t takes every t-th).
+    let mut order: Vec<usize> = (0..folios).collect();
+    rand::seq::SliceRandom::shuffle(&mut order[..], &mut rand::rngs::StdRng::seed_from_u64(7));
+    let order = &order;
+    let threads = args.threads as usize;
     let rt = &rt;
+    let started = Instant::now();
     let samples: Vec<Vec<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..args.threads)
             .map(|t| {
@@ -146,10 +205,17 @@ fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Ve
                     let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 1);
                     let mut lat = Vec::with_capacity(per_thread);
                     let stop = Instant::now() + Duration::from_secs(60);
+                    let mut mine = order.iter().skip(t as usize).step_by(threads);
                     while lat.len() < per_thread && Instant::now() < stop {
-                        let addr = base
-                            + rng.gen_range(0..folios) * folio
-                            + rng.gen_range(0..folio / PAGE_SIZE) * PAGE_SIZE;
+                        let f = match pressure {
+                            Mode::Pressure => rng.gen_range(0..folios),
+                            Mode::NoPressure => match mine.next() {
+                                Some(&f) => f,
+                                None => break,
+                            },
+                        };
+                        let addr =
+                            base + f * folio + rng.gen_range(0..folio / PAGE_SIZE) * PAGE_SIZE;
                         if !rt.is_swapped(addr as *const u8) {
                             continue;
                         }
@@ -168,12 +234,16 @@ fn measure(args: &Args, folio: usize, mode: FreeMode, pages: &[u8]) -> Result<Ve
             .map(|h| h.join().expect("toucher"))
             .collect()
     });
+    let wall = started.elapsed();
     let stats = rt.stats();
     if stats.sigbus > 0 || stats.store.decompress_fail > 0 {
         return Err("faults failed during the benchmark".into());
     }
+    if pressure == Mode::NoPressure && stats.evicted_folios != evicted_before {
+        return Err("no-pressure mode evicted while touching".into());
+    }
     drop(region);
-    Ok(samples.into_iter().flatten().collect())
+    Ok((samples.into_iter().flatten().collect(), wall))
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -189,47 +259,75 @@ pub fn run(args: &Args) -> Result<(), String> {
         );
     }
     let modes = [FreeMode::Immediate, FreeMode::Batched, FreeMode::Async];
-    let bar = progress((args.folios.len() * modes.len() + 1) as u64, "faults");
+    let bar = progress(
+        (args.mode.len() * args.folios.len() * modes.len() + 1) as u64,
+        "faults",
+    );
     bar.set_message("floors");
     let floors = measure_floors(&pages)?;
     bar.inc(1);
     let mut rows = Vec::new();
-    for &folio in &args.folios {
-        for mode in modes {
-            bar.set_message(format!("{} {}", format_size(folio as u64), mode.name()));
-            let mut lat = measure(args, folio, mode, &pages)?;
-            let latency = Latency::of(&mut lat);
-            let p50 = latency.p50_us;
-            let pages_per_folio = (folio / PAGE_SIZE) as f64;
-            let floor = if folio == PAGE_SIZE {
-                floors.roundtrip_4k_us + floors.decompress_4k_us
-            } else {
-                floors.roundtrip_64k_us * folio as f64 / (64 << 10) as f64
-                    + floors.decompress_4k_us * pages_per_folio
-            };
-            rows.push(Row {
-                folio: format_size(folio as u64),
-                free_mode: mode.name(),
-                faults: lat.len(),
-                latency,
-                p50_per_page_us: p50 / pages_per_folio,
-                p50_vs_floor: p50 / floor,
-            });
-            bar.inc(1);
+    for &pressure in &args.mode {
+        for &folio in &args.folios {
+            for mode in modes {
+                bar.set_message(format!(
+                    "{} {} {}",
+                    pressure.name(),
+                    format_size(folio as u64),
+                    mode.name()
+                ));
+                rows.push(row(args, &floors, pressure, folio, mode, &pages)?);
+                bar.inc(1);
+            }
         }
     }
     bar.finish_and_clear();
+    print_and_write(args, rows, floors)
+}
 
+/// Measures one configuration.
+fn row(
+    args: &Args,
+    floors: &Floors,
+    pressure: Mode,
+    folio: usize,
+    mode: FreeMode,
+    pages: &[u8],
+) -> Result<Row, String> {
+    let (mut lat, wall) = measure(args, pressure, folio, mode, pages)?;
+    let latency = Latency::of(&mut lat);
+    let p50 = latency.p50_us;
+    let pages_per_folio = (folio / PAGE_SIZE) as f64;
+    let floor = if folio == PAGE_SIZE {
+        floors.roundtrip_4k_us + floors.decompress_4k_us
+    } else {
+        floors.roundtrip_64k_us * folio as f64 / (64 << 10) as f64
+            + floors.decompress_4k_us * pages_per_folio
+    };
+    Ok(Row {
+        mode: pressure,
+        folio: format_size(folio as u64),
+        free_mode: mode.name(),
+        faults: lat.len(),
+        latency,
+        p50_per_page_us: p50 / pages_per_folio,
+        p50_vs_floor: p50 / floor,
+        pages_per_sec: lat.len() as f64 * pages_per_folio / wall.as_secs_f64(),
+    })
+}
+
+fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), String> {
     let mut t = Table::new(
         &[
-            &["folio", "free mode", "faults"][..],
+            &["mode", "folio", "free mode", "faults"][..],
             &Latency::HEADER[..],
-            &["p50/page us", "p50/floor"][..],
+            &["p50/page us", "p50/floor", "pages/s"][..],
         ]
         .concat(),
     );
     for r in &rows {
         let mut cells = vec![
+            r.mode.name().to_string(),
             r.folio.clone(),
             r.free_mode.to_string(),
             r.faults.to_string(),
@@ -237,6 +335,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         cells.extend(r.latency.cells());
         cells.push(format!("{:.2}", r.p50_per_page_us));
         cells.push(format!("{:.2}", r.p50_vs_floor));
+        cells.push(format!("{:.0}", r.pages_per_sec));
         t.row(cells);
     }
     t.print(&format!(

@@ -464,7 +464,7 @@ impl Supervisor {
     fn scan_loop(&self, every: Duration) {
         const LOOK: Duration = Duration::from_millis(5);
         let folio = self.rt.config().folio_size;
-        let growth = (self.rt.config().memory_high / 32).max(1 << 20) as u64;
+        let growth = (self.rt.memory_high() / 32).max(1 << 20) as u64;
         // Per image: resident bytes and time at its last full scan.
         let mut last: std::collections::HashMap<i32, (u64, Instant)> = Default::default();
         while !self.done.load(Ordering::Acquire) {

@@ -59,7 +59,7 @@ impl Report {
             supervisor: unsafe { libc::getpid() },
             program: program.to_string(),
             served,
-            memory_high: rt.config().memory_high as u64,
+            memory_high: rt.memory_high() as u64,
             resident_bytes: stats.resident_bytes,
             stored_bytes_uncompressed: store.stored_pages * 4096,
             stored_bytes: store.stored_bytes,

@@ -76,11 +76,15 @@ impl RuntimeConfig {
     /// in front of every fault (as memory.high lets usage overshoot and
     /// reclaims on the way back to user space).
     pub fn slack(&self) -> usize {
+        self.slack_at(self.memory_high)
+    }
+
+    /// The slack for a limit of `memory_high` (it may change at run time:
+    /// `Runtime::set_memory_high`).
+    pub fn slack_at(&self, memory_high: usize) -> usize {
         let plug = self.compress_batchsize.max(1) * self.folio_size;
         let readahead = (self.fillers + 1) * (1usize << self.page_cluster) * self.folio_size;
-        (2 * plug + readahead)
-            .max(self.memory_high / 64)
-            .max(1 << 20)
+        (2 * plug + readahead).max(memory_high / 64).max(1 << 20)
     }
 
     /// Checks the knobs against each other.

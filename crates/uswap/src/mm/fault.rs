@@ -619,7 +619,7 @@ fn readahead(
 ) {
     let window = (1usize << shared.config.page_cluster) - 1;
     for j in i + 1..(i + 1 + window).min(region.folios.len()) {
-        if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.config.memory_high {
+        if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.memory_high() {
             return;
         }
         let f = &region.folios[j];
@@ -644,7 +644,8 @@ fn readahead(
 /// Whether bringing `incoming` bytes in now would pass `memory_high` plus
 /// the slack while the reclaimer can still free memory.
 fn must_throttle(shared: &Shared, incoming: usize) -> bool {
-    let limit = shared.config.memory_high + shared.config.slack();
+    let high = shared.memory_high();
+    let limit = high + shared.config.slack_at(high);
     shared.resident.load(Ordering::Acquire) + incoming > limit
         && !shared.shutdown.load(Ordering::Acquire)
         && !shared.reclaim_stuck.load(Ordering::Acquire)

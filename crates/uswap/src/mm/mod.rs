@@ -130,6 +130,9 @@ pub(crate) struct Shared {
     pub inheritors: Mutex<Vec<Inheritor>>,
     /// Resident managed memory of the runtime's own space, in bytes.
     pub resident: AtomicUsize,
+    /// The limit now (`config.memory_high` at start; see
+    /// [`Runtime::set_memory_high`]).
+    memory_high: AtomicUsize,
     /// Own-space folios in fault-in order.
     pub fifo: Mutex<VecDeque<FolioRef>>,
     /// Workingset clock: folios evicted so far.
@@ -220,6 +223,7 @@ impl Runtime {
             next_region: AtomicU32::new(0),
             inheritors: Mutex::new(Vec::new()),
             resident: AtomicUsize::new(0),
+            memory_high: AtomicUsize::new(config.memory_high),
             fifo: Mutex::new(VecDeque::new()),
             evictions: AtomicU32::new(0),
             reclaim_signal: (Mutex::new(false), Condvar::new()),
@@ -381,7 +385,20 @@ impl Runtime {
 
     /// How far resident memory may exceed `memory_high`.
     pub fn slack(&self) -> usize {
-        self.shared.config.slack()
+        self.shared.config.slack_at(self.memory_high())
+    }
+
+    /// The limit now.
+    pub fn memory_high(&self) -> usize {
+        self.shared.memory_high()
+    }
+
+    /// Changes the limit (at least one folio), as a write to a cgroup's
+    /// memory.high does: above it, the reclaimer evicts at once.
+    pub fn set_memory_high(&self, bytes: usize) {
+        let bytes = bytes.max(self.shared.config.folio_size);
+        self.shared.memory_high.store(bytes, Ordering::Release);
+        self.shared.kick_reclaim();
     }
 
     /// The store (statistics and slot accounting).
@@ -465,6 +482,11 @@ impl Shared {
             self.resident.fetch_add(resident, Ordering::AcqRel);
             self.kick_reclaim();
         }
+    }
+
+    /// The limit now.
+    pub fn memory_high(&self) -> usize {
+        self.memory_high.load(Ordering::Acquire)
     }
 
     /// The live space with `id`.

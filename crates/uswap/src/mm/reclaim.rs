@@ -71,7 +71,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             release_plug(shared, &mut plug);
             return;
         }
-        let over = shared.resident.load(Ordering::Acquire) > shared.config.memory_high;
+        let over = shared.resident.load(Ordering::Acquire) > shared.memory_high();
         let pause_left = backoff.saturating_sub(refused_at.elapsed());
         let victim = if over && pause_left.is_zero() {
             next_victim(shared)

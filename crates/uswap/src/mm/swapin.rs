@@ -300,7 +300,7 @@ fn publish_settled(
             region: region.id,
             folio: i as u32,
         });
-        if shared.resident.load(Ordering::Relaxed) > shared.config.memory_high {
+        if shared.resident.load(Ordering::Relaxed) > shared.memory_high() {
             shared.kick_reclaim();
         }
     }
@@ -372,7 +372,7 @@ pub(crate) fn swap_in(
         // memory) marks the folio active: the FIFO gives it a second pass.
         let now = shared.evictions.load(Ordering::Relaxed);
         let distance = now.wrapping_sub(region.evicted_at[i].load(Ordering::Relaxed)) as usize;
-        let active = distance < shared.config.memory_high / region.folio_size;
+        let active = distance < shared.memory_high() / region.folio_size;
         Some(install(
             shared,
             space,
