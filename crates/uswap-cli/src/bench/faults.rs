@@ -50,6 +50,10 @@ pub struct Args {
     /// (everything pushed out first, then the limit lifted).
     #[arg(long, default_value = "pressure,no-pressure", value_delimiter = ',')]
     mode: Vec<Mode>,
+    /// How long the event thread looks for the next event before it
+    /// sleeps, in microseconds; several values are measured side by side.
+    #[arg(long, default_value = "0", value_delimiter = ',')]
+    event_spin_us: Vec<u64>,
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -75,6 +79,7 @@ impl Mode {
 #[derive(Serialize)]
 struct Row {
     mode: Mode,
+    event_spin_us: u64,
     folio: String,
     free_mode: &'static str,
     faults: usize,
@@ -140,6 +145,7 @@ fn measure_floors(pages: &[u8]) -> Result<Floors, String> {
 /// wall time of the touching.
 fn measure(
     args: &Args,
+    spin: u64,
     pressure: Mode,
     folio: usize,
     mode: FreeMode,
@@ -150,6 +156,7 @@ fn measure(
         folio_size: folio,
         engines: args.engines as usize,
         slot_free: mode,
+        event_spin: Duration::from_micros(spin),
         ..RuntimeConfig::default()
     })
     .map_err(|e| format!("starting the runtime: {e}"))?;
@@ -260,7 +267,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     let modes = [FreeMode::Immediate, FreeMode::Batched, FreeMode::Async];
     let bar = progress(
-        (args.mode.len() * args.folios.len() * modes.len() + 1) as u64,
+        (args.mode.len() * args.folios.len() * modes.len() * args.event_spin_us.len() + 1) as u64,
         "faults",
     );
     bar.set_message("floors");
@@ -270,14 +277,16 @@ pub fn run(args: &Args) -> Result<(), String> {
     for &pressure in &args.mode {
         for &folio in &args.folios {
             for mode in modes {
-                bar.set_message(format!(
-                    "{} {} {}",
-                    pressure.name(),
-                    format_size(folio as u64),
-                    mode.name()
-                ));
-                rows.push(row(args, &floors, pressure, folio, mode, &pages)?);
-                bar.inc(1);
+                for &spin in &args.event_spin_us {
+                    bar.set_message(format!(
+                        "{} {} {} spin {spin}us",
+                        pressure.name(),
+                        format_size(folio as u64),
+                        mode.name()
+                    ));
+                    rows.push(row(args, &floors, spin, pressure, folio, mode, &pages)?);
+                    bar.inc(1);
+                }
             }
         }
     }
@@ -289,12 +298,13 @@ pub fn run(args: &Args) -> Result<(), String> {
 fn row(
     args: &Args,
     floors: &Floors,
+    spin: u64,
     pressure: Mode,
     folio: usize,
     mode: FreeMode,
     pages: &[u8],
 ) -> Result<Row, String> {
-    let (mut lat, wall) = measure(args, pressure, folio, mode, pages)?;
+    let (mut lat, wall) = measure(args, spin, pressure, folio, mode, pages)?;
     let latency = Latency::of(&mut lat);
     let p50 = latency.p50_us;
     let pages_per_folio = (folio / PAGE_SIZE) as f64;
@@ -306,6 +316,7 @@ fn row(
     };
     Ok(Row {
         mode: pressure,
+        event_spin_us: spin,
         folio: format_size(folio as u64),
         free_mode: mode.name(),
         faults: lat.len(),
@@ -319,7 +330,7 @@ fn row(
 fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), String> {
     let mut t = Table::new(
         &[
-            &["mode", "folio", "free mode", "faults"][..],
+            &["mode", "folio", "free mode", "spin us", "faults"][..],
             &Latency::HEADER[..],
             &["p50/page us", "p50/floor", "pages/s"][..],
         ]
@@ -330,6 +341,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
             r.mode.name().to_string(),
             r.folio.clone(),
             r.free_mode.to_string(),
+            r.event_spin_us.to_string(),
             r.faults.to_string(),
         ];
         cells.extend(r.latency.cells());

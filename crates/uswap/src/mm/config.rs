@@ -38,6 +38,11 @@ pub struct RuntimeConfig {
     pub fillers: usize,
     /// How long a partly filled plug waits for more folios.
     pub plug_timeout: Duration,
+    /// After an event, how long the event thread keeps looking for the next
+    /// one before it sleeps in poll: faults come in bursts, and waking a
+    /// sleeping thread from another CPU costs tens of microseconds (the
+    /// engines poll before sleeping for the same reason). Zero: never.
+    pub event_spin: Duration,
     /// Serve forked children (UFFD_FEATURE_EVENT_FORK, which needs
     /// CAP_SYS_PTRACE). Without it a child would read swapped-out memory as
     /// zeros, so the runtime then refuses to start rather than risk it,
@@ -63,6 +68,7 @@ impl Default for RuntimeConfig {
             slot_free: FreeMode::Async,
             fillers: 2,
             plug_timeout: Duration::from_millis(1),
+            event_spin: Duration::ZERO,
             serve_forks: true,
         }
     }

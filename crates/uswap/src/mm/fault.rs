@@ -64,6 +64,8 @@ struct EventThread<'a> {
     pollfds: Vec<libc::pollfd>,
     /// When exited children were last looked for.
     reaped: Instant,
+    /// When events were last read (see `RuntimeConfig::event_spin`).
+    last_event: Instant,
 }
 
 /// Events one read takes at most.
@@ -265,6 +267,7 @@ pub(crate) fn event_loop(shared: &Shared) {
         origin: Vec::with_capacity(PENDING_EVENTS),
         pollfds: Vec::with_capacity(64),
         reaped: Instant::now(),
+        last_event: Instant::now(),
     };
     shared.thread_started();
     while !shared.shutdown.load(Ordering::Acquire) {
@@ -293,18 +296,23 @@ impl EventThread<'_> {
                     revents: 0,
                 }
             }));
+            let spinning = self.last_event.elapsed() < shared.config.event_spin;
             // SAFETY: `pollfds` is a valid array of its length for the call.
             if unsafe {
                 libc::poll(
                     pollfds.as_mut_ptr(),
                     pollfds.len() as libc::nfds_t,
-                    POLL_TIMEOUT_MS,
+                    if spinning { 0 } else { POLL_TIMEOUT_MS },
                 )
             } <= 0
             {
+                if spinning {
+                    std::hint::spin_loop();
+                }
                 return;
             }
             self.read_pending();
+            self.last_event = Instant::now();
         }
         self.hold_pass();
         for fu in std::mem::take(&mut self.follow_ups) {
