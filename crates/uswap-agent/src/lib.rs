@@ -45,7 +45,7 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET, SOCKET_ENV_C};
+use uswap_protocol::{wire, Dropped, Hello, Request, Verdict, PACKET, SOCKET_ENV_C};
 
 /// The connection to the supervisor (-1: none).
 static SOCKET: AtomicI32 = AtomicI32::new(-1);
@@ -188,26 +188,12 @@ fn connect(name: &[u8]) -> Result<i32, &'static str> {
     if sock < 0 {
         return Err("cannot create a unix socket");
     }
-    // SAFETY: a zeroed sockaddr_un is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    if name.len() + 1 > addr.sun_path.len() {
+    let Some((addr, len)) = wire::abstract_addr(name) else {
         close(sock);
         return Err("the supervisor's socket name is too long");
-    }
-    // Abstract namespace: a NUL, then the name.
-    for (k, b) in name.iter().enumerate() {
-        addr.sun_path[k + 1] = *b as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
-    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
-    let r = unsafe {
-        libc::connect(
-            sock,
-            (&addr as *const libc::sockaddr_un).cast(),
-            len as libc::socklen_t,
-        )
     };
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let r = unsafe { libc::connect(sock, (&addr as *const libc::sockaddr_un).cast(), len) };
     if r != 0 {
         close(sock);
         return Err("no uswap supervisor answers");
@@ -217,48 +203,7 @@ fn connect(name: &[u8]) -> Result<i32, &'static str> {
 
 /// Sends `packet`, with descriptor `fd` attached when it is >= 0.
 fn send_packet(sock: i32, packet: &[u8; PACKET], fd: i32) -> bool {
-    let mut iov = libc::iovec {
-        iov_base: packet.as_ptr() as *mut _,
-        iov_len: PACKET,
-    };
-    // Room for one descriptor's control message, aligned for cmsghdr.
-    let mut control = [0u64; 4];
-    // SAFETY: a zeroed msghdr is a valid value; the fields set below point
-    // at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if fd >= 0 {
-        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
-        let (space, len) = unsafe {
-            (
-                libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32),
-                libc::CMSG_LEN(std::mem::size_of::<i32>() as u32),
-            )
-        };
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: the control buffer holds one cmsghdr plus an int, which
-        // CMSG_FIRSTHDR and CMSG_DATA address inside it.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = len as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
-        }
-    }
-    loop {
-        // SAFETY: `msg` describes live buffers for the call's duration.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        if n == PACKET as isize {
-            return true;
-        }
-        if n < 0 && errno() == libc::EINTR {
-            continue;
-        }
-        return false;
-    }
+    wire::send(sock, packet, (fd >= 0).then_some(fd)).is_ok()
 }
 
 /// Receives one packet: `None` at end of file or on an error.
@@ -283,60 +228,27 @@ fn next_request(sock: i32) -> Result<Request, Ended> {
         if !still_ours(sock) {
             return Err(Ended::TakenByProgram);
         }
-        match recv_packet(sock) {
-            Some(p) => match Request::decode(&p) {
-                Some(r) => return Ok(r),
-                None => say(&["an unknown request from the supervisor was ignored"]),
-            },
-            None => {
-                return Err(match errno() {
-                    libc::EBADF | libc::ENOTSOCK => Ended::TakenByProgram,
-                    _ if !still_ours(sock) => Ended::TakenByProgram,
-                    _ => Ended::SupervisorGone,
-                })
+        match wire::recv(sock) {
+            Ok(Some((packet, fd))) => {
+                close(fd.unwrap_or(-1));
+                match Request::decode(&packet) {
+                    Some(r) => return Ok(r),
+                    None => say(&["an unknown request from the supervisor was ignored"]),
+                }
             }
+            Err(libc::EBADF | libc::ENOTSOCK) => return Err(Ended::TakenByProgram),
+            Ok(None) | Err(_) if !still_ours(sock) => return Err(Ended::TakenByProgram),
+            Ok(None) | Err(_) => return Err(Ended::SupervisorGone),
         }
     }
 }
 
-/// Receives one packet and the descriptor that came with it (-1: none).
+/// Receives one packet and the descriptor that came with it (-1: none);
+/// `None` at end of file or on an error.
 fn recv_packet_fd(sock: i32) -> Option<([u8; PACKET], i32)> {
-    let mut buf = [0u8; PACKET];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: PACKET,
-    };
-    let mut control = [0u64; 4];
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live
-    // buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    loop {
-        // SAFETY: `msg` describes live buffers for the call's duration.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 && errno() == libc::EINTR {
-            continue;
-        }
-        let mut fd = -1;
-        // SAFETY: walking the control messages the kernel wrote.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            if n > 0
-                && !cmsg.is_null()
-                && (*cmsg).cmsg_level == libc::SOL_SOCKET
-                && (*cmsg).cmsg_type == libc::SCM_RIGHTS
-            {
-                fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
-            }
-        }
-        if n == PACKET as isize {
-            return Some((buf, fd));
-        }
-        close(fd);
-        return None;
+    match wire::recv(sock) {
+        Ok(Some((packet, fd))) => Some((packet, fd.unwrap_or(-1))),
+        Ok(None) | Err(_) => None,
     }
 }
 

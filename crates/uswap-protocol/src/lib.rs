@@ -26,6 +26,8 @@
 #![deny(missing_docs)]
 #![no_std]
 
+pub mod wire;
+
 /// The environment variable naming the supervisor's abstract socket.
 pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 /// Same, NUL-terminated, for `getenv` before `main`.

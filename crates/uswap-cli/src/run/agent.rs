@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use uswap::mm::memory::{DropError, DropPages};
-use uswap_protocol::{Dropped, Hello, Request, Verdict, PACKET};
+use uswap_protocol::{wire, Dropped, Hello, Request, Verdict, PACKET};
 
 /// One connected agent.
 pub struct AgentLink {
@@ -22,92 +22,21 @@ fn send(sock: RawFd, packet: &[u8; PACKET]) -> io::Result<()> {
 
 /// Sends one packet, with descriptor `fd` attached if given.
 fn send_with(sock: RawFd, packet: &[u8; PACKET], fd: Option<BorrowedFd>) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: packet.as_ptr() as *mut _,
-        iov_len: PACKET,
-    };
-    let mut control = [0u64; 4];
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live
-    // buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        // SAFETY: the control buffer holds one cmsghdr and an int, which
-        // CMSG_FIRSTHDR and CMSG_DATA address inside it.
-        unsafe {
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd.as_raw_fd());
-        }
-    }
-    let n = loop {
-        // SAFETY: `msg` describes live buffers for the call's duration.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        break n;
-    };
-    if n == PACKET as isize {
-        Ok(())
-    } else if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Err(io::Error::other("short send"))
-    }
+    wire::send(sock, packet, fd.map(|f| f.as_raw_fd())).map_err(io::Error::from_raw_os_error)
 }
 
 /// One packet, and the descriptor that came with it; `Ok(None)` at end of
 /// file.
 fn recv(sock: RawFd) -> io::Result<Option<([u8; PACKET], Option<OwnedFd>)>> {
-    let mut buf = [0u8; PACKET];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: PACKET,
-    };
-    let mut control = [0u64; 8];
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live
-    // buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    let n = loop {
-        // SAFETY: `msg` describes live buffers for the call's duration.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        break n;
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+    match wire::recv(sock) {
+        Ok(Some((packet, fd))) => Ok(Some((
+            packet,
+            // SAFETY: a descriptor just received, owned by nobody else.
+            fd.map(|raw| unsafe { OwnedFd::from_raw_fd(raw) }),
+        ))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(io::Error::from_raw_os_error(e)),
     }
-    let mut fd = None;
-    // SAFETY: walking the control messages the kernel wrote into `control`.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
-                fd = Some(OwnedFd::from_raw_fd(raw));
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    if n == 0 {
-        return Ok(None);
-    }
-    if n != PACKET as isize {
-        return Err(io::Error::other("a packet of the wrong size"));
-    }
-    Ok(Some((buf, fd)))
 }
 
 /// What a new connection brought.

@@ -226,15 +226,8 @@ fn agent_socket_name() -> String {
 
 /// The address of abstract unix socket `name`, and its length.
 pub fn abstract_addr(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
-    // SAFETY: a zeroed sockaddr_un is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = &name.as_bytes()[..name.len().min(addr.sun_path.len() - 1)];
-    for (k, b) in name.iter().enumerate() {
-        addr.sun_path[k + 1] = *b as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
-    (addr, len as libc::socklen_t)
+    uswap_protocol::wire::abstract_addr(name.as_bytes())
+        .expect("uswap's socket names are short enough for a sockaddr_un")
 }
 
 /// A listening abstract unix socket of `kind` (SOCK_SEQPACKET, SOCK_STREAM).

@@ -260,15 +260,11 @@ impl Space {
         memory: Option<Memory>,
         beacon: Option<usize>,
     ) -> Space {
-        let cell = OnceLock::new();
-        if let Some(m) = memory {
-            let _unset = cell.set(m).is_ok();
-        }
         Space {
             id,
             uffd,
             owner,
-            memory: cell,
+            memory: memory.map_or_else(OnceLock::new, OnceLock::from),
             beacon,
             regions: RwLock::new(Vec::new()),
             extras: Mutex::new(HashMap::new()),
