@@ -336,6 +336,39 @@ fn incompressible_pages_are_rejected_without_a_file_and_stored_raw_with_one() {
     assert!(out == random);
 }
 
+/// Without a swap file a large folio with a few pages that do not shrink is
+/// stored whole, those pages raw, as long as it saves a page; one that
+/// would not is refused. (The kernel refuses each such page, which for a
+/// folio stored all or nothing kept whole folios of good pages resident.)
+#[test]
+fn a_large_folio_with_a_few_incompressible_pages_is_stored_without_a_file() {
+    let corpus = corpus_pages();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut noise = |n: usize| -> Vec<u8> { (0..n * PAGE_SIZE).map(|_| rng.gen()).collect() };
+    let z = Zswap::new(
+        config(1 << 20, FreeMode::Immediate),
+        Arc::new(Device::synchronous()),
+        None,
+    )
+    .unwrap();
+    let mut mostly_good = noise(2);
+    mostly_good.extend_from_slice(&corpus[..14 * PAGE_SIZE]);
+    let range = store(&z, &mostly_good).expect("a folio that shrinks overall");
+    let stats = z.stats();
+    assert_eq!(stats.stored_incompressible_pages, 2);
+    assert_eq!(stats.reject_compress_poor, 0);
+    let mut out = vec![0u8; mostly_good.len()];
+    z.load(range, &mut out).unwrap();
+    assert!(out == mostly_good);
+
+    let mut mostly_noise = noise(15);
+    mostly_noise.extend_from_slice(&corpus[..PAGE_SIZE]);
+    let pool = z.pool().total_size();
+    assert_eq!(store(&z, &mostly_noise), Err(StoreError::CompressPoor));
+    assert_eq!(z.stats().reject_compress_poor, 15);
+    assert_eq!(z.pool().total_size(), pool, "the refused folio left nothing");
+}
+
 #[test]
 fn a_corrupt_object_is_a_decompress_fail_never_data() {
     let corpus = corpus_pages();

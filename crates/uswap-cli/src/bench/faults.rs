@@ -54,6 +54,9 @@ pub struct Args {
     /// sleeps, in microseconds; several values are measured side by side.
     #[arg(long, default_value = "0", value_delimiter = ',')]
     event_spin_us: Vec<u64>,
+    /// How freed swap slots are returned; several are measured side by side.
+    #[arg(long, default_value = "immediate,batched,async", value_delimiter = ',')]
+    slot_free: Vec<FreeMode>,
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -242,7 +245,10 @@ fn measure(
             .collect()
     });
     let wall = started.elapsed();
+    let l = rt.fault_latency();
+    eprintln!("RUNTIME p50 {:?} p99 {:?} p999 {:?} max {:?}", l.percentile(0.5), l.percentile(0.99), l.percentile(0.999), l.percentile(1.0));
     let stats = rt.stats();
+    eprintln!("{stats:?}");
     if stats.sigbus > 0 || stats.store.decompress_fail > 0 {
         return Err("faults failed during the benchmark".into());
     }
@@ -265,7 +271,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             "--size must be at least twice --memory-high, so that most of it is swapped".into(),
         );
     }
-    let modes = [FreeMode::Immediate, FreeMode::Batched, FreeMode::Async];
+    let modes = &args.slot_free;
     let bar = progress(
         (args.mode.len() * args.folios.len() * modes.len() * args.event_spin_us.len() + 1) as u64,
         "faults",
@@ -276,7 +282,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let mut rows = Vec::new();
     for &pressure in &args.mode {
         for &folio in &args.folios {
-            for mode in modes {
+            for &mode in modes {
                 for &spin in &args.event_spin_us {
                     bar.set_message(format!(
                         "{} {} {} spin {spin}us",

@@ -10,6 +10,14 @@
 //! its own installs meets EAGAIN, and hands faults that would wait
 //! (throttling) to the fillers.
 //!
+//! Room is first come, first served: while any fault waits for room, the
+//! event thread hands on every fault that needs room too instead of taking
+//! what one reclaim batch freed for itself, and the fillers take their
+//! turns in the order they began waiting (`Shared::room_turns`); a fault
+//! that had its turn is not sent to the back when it has to be decided
+//! again. Without this, on a busy two-CPU machine, one waiting fault lost
+//! the race for room to newer faults for up to half a second.
+//!
 //! Every read happens under the event gate's write side, and the
 //! non-fault events read are applied to the bookkeeping before the gate is
 //! released ([`super::events`]); faults are queued and served after.
@@ -322,6 +330,7 @@ impl EventThread<'_> {
             bump(&shared.counters.faults);
             if !handle_fault(shared, &fault, self) {
                 let (queue, cv) = &shared.faults;
+                shared.waiting_for_room.fetch_add(1, Ordering::AcqRel);
                 queue.lock().expect("fault queue lock").push_back(fault);
                 cv.notify_one();
             }
@@ -441,6 +450,7 @@ pub(crate) fn filler_loop(shared: &Shared) {
             }
         };
         handle_fault(shared, &fault, &mut Worker);
+        shared.waiting_for_room.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -453,6 +463,9 @@ enum Step {
     Done,
     /// It must wait for reclaim, and this server may not.
     MustWait,
+    /// It must wait for reclaim (room for this many bytes), and this
+    /// server may: wait for room, then serve it.
+    WaitForRoom(usize),
     /// The address space is changing: read the events, then decide again.
     Again,
 }
@@ -506,8 +519,11 @@ fn unprotect(space: &Space, page: usize) -> Step {
 /// Serves one page fault. Returns false when the server may not wait and
 /// the fault must (a filler then takes it).
 fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool {
+    // Whether this fault has had its turn at room freed by reclaim: it does
+    // not queue again when it has to be decided again.
+    let mut room = false;
     loop {
-        match serve(shared, fault, server) {
+        match serve(shared, fault, server, room) {
             Step::Done => {
                 shared.fault_latency.record(fault.read_at.elapsed());
                 return true;
@@ -517,6 +533,10 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
             // meanwhile (the folio moved, was dropped or unmapped): decide
             // again from the start.
             Step::Again => server.on_eagain(),
+            Step::WaitForRoom(incoming) => {
+                throttle(shared, incoming);
+                room = true;
+            }
         }
     }
 }
@@ -525,7 +545,7 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
 /// is carried out under the event gate's read side, so that no event read
 /// meanwhile can make it stale; the routines that fill whole folios take the
 /// gate themselves.
-fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
+fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) -> Step {
     let space = &*fault.space;
     let page = page_floor(fault.addr);
     let Some(gate) = server.enter(shared) else {
@@ -572,13 +592,16 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> Step {
         let w = f.load();
         match folio::state(w) {
             UNTOUCHED | SWAPPED => {
-                if own && must_throttle(shared, region.folio_size) {
-                    if !server.may_wait() {
-                        return Step::MustWait;
+                if own && !room {
+                    let behind = !server.may_wait()
+                        && shared.waiting_for_room.load(Ordering::Acquire) > 0;
+                    if behind || must_throttle(shared, region.folio_size) {
+                        return if server.may_wait() {
+                            Step::WaitForRoom(region.folio_size)
+                        } else {
+                            Step::MustWait
+                        };
                     }
-                    drop(gate);
-                    throttle(shared, region.folio_size);
-                    return Step::Again;
                 }
                 if folio::state(w) == UNTOUCHED {
                     if f.transition(w, ZEROING | (w & folio::EXTRA)) {
@@ -659,10 +682,22 @@ fn must_throttle(shared: &Shared, incoming: usize) -> bool {
         && !shared.reclaim_stuck.load(Ordering::Acquire)
 }
 
-/// Waits while [`must_throttle`] says so.
+/// Waits while [`must_throttle`] says so, in turn: a filler that began to
+/// wait earlier goes first, so that room freed by one reclaim batch does
+/// not go to whichever waiter the scheduler happens to run first (on a busy
+/// machine the same one could lose every time, and wait hundreds of
+/// milliseconds).
 fn throttle(shared: &Shared, incoming: usize) {
+    let (next, serving) = &shared.room_turns;
+    let ticket = next.fetch_add(1, Ordering::AcqRel);
     let mut counted = false;
-    while must_throttle(shared, incoming) {
+    loop {
+        if serving.load(Ordering::Acquire) == ticket && !must_throttle(shared, incoming) {
+            serving.fetch_add(1, Ordering::AcqRel);
+            // The next in line may have room already.
+            shared.reclaimed.1.notify_all();
+            return;
+        }
         if !counted {
             bump(&shared.counters.throttled);
             counted = true;

@@ -142,6 +142,14 @@ pub(crate) struct Shared {
     pub reclaimed: (Mutex<()>, Condvar),
     /// The reclaimer could not free anything: throttling would wait forever.
     pub reclaim_stuck: AtomicBool,
+    /// Faults handed to the fillers because they must wait for room, and
+    /// not yet served. While there are any, the event thread hands on every
+    /// fault that needs room too, so that room the reclaimer frees goes to
+    /// the faults that waited first instead of to the next one read.
+    pub waiting_for_room: AtomicUsize,
+    /// Turns at the room the reclaimer frees, first come first served
+    /// between the fillers: (next ticket, ticket now served).
+    pub room_turns: (AtomicU64, AtomicU64),
     own_drops: Mutex<Vec<OwnDrop>>,
     /// Reads of the userfaultfds the event thread has begun.
     pub reads: AtomicU64,
@@ -229,6 +237,8 @@ impl Runtime {
             reclaim_signal: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(()), Condvar::new()),
             reclaim_stuck: AtomicBool::new(false),
+            waiting_for_room: AtomicUsize::new(0),
+            room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
             own_drops: Mutex::new(Vec::new()),
             reads: AtomicU64::new(0),
             reclaimer_tid: AtomicI32::new(0),

@@ -21,9 +21,11 @@
 //! ([`finish_folio`]): what the program did to it meanwhile (recorded in its
 //! extras by the event thread) is applied there, and forked children that
 //! inherited it mid-eviction take it over. When the store refuses a whole
-//! plug (pool full and no swap file), the reclaimer backs off instead of
-//! recompressing the same folios: faults stop waiting for it
-//! (`reclaim_stuck`) and it retries after a growing pause.
+//! plug for want of room (pool full and no swap file), or a whole queue's
+//! worth of folios in a row would not compress, the reclaimer backs off
+//! instead of recompressing the same folios: faults stop waiting for it
+//! (`reclaim_stuck`) and it retries after a growing pause. A plug refused
+//! only for its own contents is no reason to pause: the next may compress.
 
 use super::events::{self, Outcome};
 use super::folio::{self, ACTIVE, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
@@ -62,9 +64,11 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     let mut plug: Vec<Victim> = Vec::new();
     let mut plugged_at = Instant::now();
     let mut staging: Vec<u8> = Vec::new();
-    // After a plug the store refused entirely: how long to pause, from when.
-    let mut backoff = Duration::ZERO;
-    let mut refused_at = Instant::now();
+    let mut pace = Pace {
+        backoff: Duration::ZERO,
+        refused_at: Instant::now(),
+        unfit_in_row: 0,
+    };
     shared.thread_started();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
@@ -72,7 +76,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             return;
         }
         let over = shared.resident.load(Ordering::Acquire) > shared.memory_high();
-        let pause_left = backoff.saturating_sub(refused_at.elapsed());
+        let pause_left = pace.backoff.saturating_sub(pace.refused_at.elapsed());
         let victim = if over && pause_left.is_zero() {
             next_victim(shared)
         } else {
@@ -84,13 +88,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
                 // goes alone.
                 let other_space = plug.first().is_some_and(|p| p.space.id != v.space.id);
                 if (v.region.folio_size >= 2 << 20 || other_space) && !plug.is_empty() {
-                    flush_and_pace(
-                        shared,
-                        &mut plug,
-                        &mut staging,
-                        &mut backoff,
-                        &mut refused_at,
-                    );
+                    flush_and_pace(shared, &mut plug, &mut staging, &mut pace);
                 }
                 false
             }
@@ -104,24 +102,12 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             }
             plug.push(v);
             if plug.len() >= shared.config.compress_batchsize {
-                flush_and_pace(
-                    shared,
-                    &mut plug,
-                    &mut staging,
-                    &mut backoff,
-                    &mut refused_at,
-                );
+                flush_and_pace(shared, &mut plug, &mut staging, &mut pace);
             }
             continue;
         }
         if flush_now {
-            flush_and_pace(
-                shared,
-                &mut plug,
-                &mut staging,
-                &mut backoff,
-                &mut refused_at,
-            );
+            flush_and_pace(shared, &mut plug, &mut staging, &mut pace);
             continue;
         }
         if over && plug.is_empty() && pause_left.is_zero() {
@@ -148,25 +134,59 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     }
 }
 
-/// Flushes the plug and sets the pause: none after progress, a growing one
-/// after a plug the store refused entirely (counted in `reclaim_backoffs`).
-fn flush_and_pace(
-    shared: &Shared,
-    plug: &mut Vec<Victim>,
-    staging: &mut Vec<u8>,
-    backoff: &mut Duration,
-    refused_at: &mut Instant,
-) {
-    if flush(shared, plug, staging) {
-        *backoff = Duration::ZERO;
-    } else {
-        *backoff = (*backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
-        *refused_at = Instant::now();
+/// What a flush achieved.
+enum Flushed {
+    /// At least one folio left memory.
+    Progress,
+    /// None did, and the store is out of room (pool at its limit, no
+    /// allocation, no slots): waiting lets it drain.
+    StoreFull,
+    /// None did, for reasons of their own (pages that do not compress with
+    /// no swap file to hold them raw, a move meanwhile): other folios may
+    /// do better, so reclaim goes on at once.
+    Unfit,
+}
+
+/// Where the reclaimer stands after refusals, to pace itself.
+struct Pace {
+    /// The pause after the last refusal that asked for one.
+    backoff: Duration,
+    refused_at: Instant,
+    /// Folios refused for reasons of their own since the last progress.
+    unfit_in_row: usize,
+}
+
+/// Flushes the plug and sets the pause: none after progress or after unfit
+/// folios, a growing one (counted in `reclaim_backoffs`) after a plug the
+/// full store refused, or, until the next progress, once as many unfit
+/// folios in a row as are queued for eviction have been tried. Only then do
+/// faults stop waiting for reclaim (`reclaim_stuck`): one plug of
+/// incompressible pages says nothing about the rest of memory.
+fn flush_and_pace(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>, pace: &mut Pace) {
+    let tried = plug.len();
+    let stuck = match flush(shared, plug, staging) {
+        Flushed::Progress => {
+            pace.unfit_in_row = 0;
+            false
+        }
+        Flushed::StoreFull => true,
+        Flushed::Unfit => {
+            pace.unfit_in_row += tried;
+            pace.unfit_in_row > shared.fifo.lock().expect("fifo lock").len()
+        }
+    };
+    if stuck {
+        pace.backoff = (pace.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+        pace.refused_at = Instant::now();
         shared
             .counters
             .reclaim_backoffs
             .fetch_add(1, Ordering::Relaxed);
+    } else {
+        pace.backoff = Duration::ZERO;
     }
+    shared.reclaim_stuck.store(stuck, Ordering::Release);
+    shared.reclaimed.1.notify_all();
 }
 
 /// Pops folios until one can be taken for eviction (state EVICTING).
@@ -252,7 +272,7 @@ fn write_protect(space: &Space, start: usize, len: usize, protect: bool) -> Resu
 /// plugged folios (all of one address space) as one batch, drops the stored
 /// ones from memory, and finishes each. Returns whether the store accepted
 /// anything.
-fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> bool {
+fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flushed {
     let space = plug[0].space.clone();
     let space = &*space;
     let memory = space
@@ -337,13 +357,23 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> bool
         shared.end_own_drop(space.id, start);
     }
 
+    let full = results.iter().any(|r| {
+        matches!(
+            r,
+            Err(StoreError::PoolLimit | StoreError::AllocFail | StoreError::NoSlots)
+        )
+    });
     let mut progress = false;
     for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
         progress |= finish_folio(shared, space, &v.region, v.folio, result, was_protected);
     }
-    shared.reclaim_stuck.store(!progress, Ordering::Release);
-    shared.reclaimed.1.notify_all();
-    progress
+    if progress {
+        Flushed::Progress
+    } else if full {
+        Flushed::StoreFull
+    } else {
+        Flushed::Unfit
+    }
 }
 
 /// Ends one folio's eviction under the gate: applies what the program did to

@@ -65,7 +65,8 @@ pub enum StoreError {
     /// No contiguous run of slots was free (`swpout_fallback`): split the
     /// folio and store its pages one by one.
     NoSlots,
-    /// A page did not shrink and there is no swap file to hold it raw.
+    /// A page did not shrink, there is no swap file to hold it raw, and the
+    /// folio as a whole would not save a page by keeping it raw in the pool.
     CompressPoor,
     /// A page's compression failed.
     CompressFail,

@@ -91,7 +91,8 @@ counters! {
     swpin_zero,
     /// Stores refused because the pool was at its limit.
     pool_limit_hit,
-    /// Pages that did not shrink and could not be stored raw (no swap file).
+    /// Pages that did not shrink and were refused with their folio (no swap
+    /// file, and the folio would not save a page with them kept raw).
     reject_compress_poor,
     /// Pages whose compression failed.
     reject_compress_fail,

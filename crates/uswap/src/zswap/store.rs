@@ -18,6 +18,9 @@ struct FolioPlan {
     /// Entries ready to publish once the whole folio has succeeded.
     staged: Vec<(u32, Entry, u32)>,
     hit_limit: bool,
+    /// Pages that did not shrink, kept raw in the pool with no swap file to
+    /// hold them: worth it only while the folio as a whole still shrinks.
+    raw_without_file: u64,
 }
 
 impl FolioPlan {
@@ -132,6 +135,7 @@ impl Inner {
             failed: None,
             staged: Vec::with_capacity(pages),
             hit_limit: false,
+            raw_without_file: 0,
         })
     }
 
@@ -150,8 +154,15 @@ impl Inner {
         match result {
             Ok(n) => self.put(plan, slot, &out[..n], false, page),
             // The kernel keeps a page that does not shrink raw when it can
-            // be written back later, and rejects it otherwise.
+            // be written back later, and rejects it otherwise. A page of a
+            // large folio is kept raw either way: the folio is stored or
+            // refused whole, and the rest of it may well shrink enough
+            // (`finish` decides).
             Err(JobError::Codec(CodecError::DoesNotFit)) if self.backing.is_some() => {
+                self.put(plan, slot, page, true, page)
+            }
+            Err(JobError::Codec(CodecError::DoesNotFit)) if plan.range.pages > 1 => {
+                plan.raw_without_file += 1;
                 self.put(plan, slot, page, true, page)
             }
             Err(JobError::Codec(CodecError::DoesNotFit)) => {
@@ -220,7 +231,24 @@ impl Inner {
     }
 
     /// Publishes a folio that stored completely, or undoes one that did not.
-    fn finish(&self, plan: FolioPlan) -> Result<SlotRange, StoreError> {
+    /// A folio holding raw pages with no swap file behind them is refused
+    /// unless it saves at least one page: keeping the rest compressed is
+    /// worth one page held raw, a folio that barely shrinks is not.
+    fn finish(&self, mut plan: FolioPlan) -> Result<SlotRange, StoreError> {
+        if plan.failed.is_none() && plan.raw_without_file > 0 {
+            let stored: usize = plan
+                .staged
+                .iter()
+                .map(|(_, entry, _)| match entry {
+                    Entry::Pool { len, .. } => *len,
+                    _ => 0,
+                })
+                .sum();
+            if stored + PAGE_SIZE > plan.range.pages as usize * PAGE_SIZE {
+                bump(&self.counters.reject_compress_poor, plan.raw_without_file);
+                plan.fail(StoreError::CompressPoor);
+            }
+        }
         if let Some(e) = plan.failed {
             for &(_, entry, _) in &plan.staged {
                 if let Entry::Pool { handle, .. } = entry {
