@@ -49,6 +49,11 @@ pub struct RuntimeConfig {
     /// unless this is false: the caller promises not to fork while regions
     /// exist.
     pub serve_forks: bool,
+    /// Discard the runtime's own stored pages by moving them out
+    /// (UFFDIO_MOVE, where the kernel has it) rather than dropping them in
+    /// place: no event, so none to tell from the program's (see
+    /// `mm/scratch.rs`). Other processes' pages are always dropped in place.
+    pub discard_by_move: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -70,6 +75,7 @@ impl Default for RuntimeConfig {
             plug_timeout: Duration::from_millis(1),
             event_spin: Duration::ZERO,
             serve_forks: true,
+            discard_by_move: true,
         }
     }
 }

@@ -65,14 +65,22 @@ counters! {
     evicted_folios,
     /// Folios the store refused (they stayed resident).
     eviction_refused,
+    /// Pages of stored folios discarded by moving them out (no event; see
+    /// `mm/scratch.rs`).
+    discarded_by_move,
+    /// Pages of stored folios dropped in place (MADV_DONTNEED, which raises
+    /// a REMOVE event): other processes' pages, and pages that could not
+    /// move (shared with a forked child, pinned, mprotected).
+    discarded_in_place,
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.
     eviction_drop_failed,
     /// Plugs flushed to the store.
     reclaim_batches,
-    /// Times the reclaimer backed off because the store refused everything
-    /// (pool full and no swap file): it waits for the pool to drain instead
-    /// of recompressing the same folios.
+    /// Times the reclaimer backed off because the store refused a plug for
+    /// want of room (pool full and no swap file), or a whole queue's worth of
+    /// folios in a row would not compress: it waits instead of
+    /// recompressing the same folios.
     reclaim_backoffs,
     /// Refaulted folios given a second pass (short refault distance).
     refaults_activated,

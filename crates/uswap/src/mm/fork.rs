@@ -120,7 +120,10 @@ extern "C" fn child() {
         // No runtime thread exists here to hold the lock for writing.
         if let (true, Ok(spaces)) = (null >= 0, shared.spaces.try_read()) {
             for space in spaces.iter() {
-                if space.uffd.let_go(null).is_err() {
+                let scratch = space.memory.get().and_then(|m| m.scratch_uffd());
+                let kept_space = space.uffd.let_go(null).is_err();
+                let kept_scratch = scratch.is_some_and(|uffd| uffd.let_go(null).is_err());
+                if kept_space || kept_scratch {
                     // What is left is at worst the hang described above
                     // (never wrong data): say so, without allocating.
                     const MSG: &[u8] = b"uswap: a forked child kept a copy of a userfaultfd\n";

@@ -16,6 +16,7 @@
 //! EINVAL for it on another process), hence [`DropPages`]: the supervisor's
 //! agent inside the program carries the drops out.
 
+use super::scratch::Scratch;
 use crate::page::PAGE_SIZE;
 use std::fs::File;
 use std::io;
@@ -52,8 +53,9 @@ pub trait DropPages: Send + Sync {
 
 /// The memory of an address space the runtime evicts from.
 pub(crate) enum Memory {
-    /// The runtime's own process.
-    Own,
+    /// The runtime's own process, with the scratch its stored pages are
+    /// discarded through where the kernel can move pages.
+    Own { scratch: Option<Scratch> },
     /// Another process.
     Remote {
         pid: libc::pid_t,
@@ -80,7 +82,7 @@ impl Memory {
     fn pid(&self) -> libc::pid_t {
         match self {
             // SAFETY: getpid has no preconditions.
-            Memory::Own => unsafe { libc::getpid() },
+            Memory::Own { .. } => unsafe { libc::getpid() },
             Memory::Remote { pid, .. } => *pid,
         }
     }
@@ -108,9 +110,33 @@ impl Memory {
     }
 
     /// Drops `start..start + len` (MADV_DONTNEED).
+    /// Discards stored pages of `start..start + len` without raising an
+    /// event (see [`super::scratch`]); returns how many bytes from `start`
+    /// are gone that way. The caller drops the rest with
+    /// [`Memory::drop_pages`].
+    pub fn discard_quietly(&self, start: usize, len: usize) -> usize {
+        match self {
+            Memory::Own {
+                scratch: Some(scratch),
+            } => scratch.discard(start, len),
+            _ => 0,
+        }
+    }
+
+    /// The descriptor of the scratch, if any (a forked child lets go of its
+    /// copy).
+    pub fn scratch_uffd(&self) -> Option<&super::uffd::Uffd> {
+        match self {
+            Memory::Own {
+                scratch: Some(scratch),
+            } => Some(scratch.uffd()),
+            _ => None,
+        }
+    }
+
     pub fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
         match self {
-            Memory::Own => {
+            Memory::Own { .. } => {
                 // SAFETY: the caller owns the range's folios (EVICTING) and
                 // has stored their bytes.
                 if unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) } == 0 {
@@ -130,7 +156,7 @@ impl Memory {
     /// memory (or in the kernel's swap); none if the range is not mapped.
     pub fn present_pages(&self, start: usize, len: usize) -> usize {
         match self {
-            Memory::Own => {
+            Memory::Own { .. } => {
                 let mut vec = [0u8; crate::page::MAX_FOLIO_PAGES];
                 let pages = len / PAGE_SIZE;
                 // SAFETY: mincore writes one byte per page of the range into
@@ -154,7 +180,7 @@ impl Memory {
     /// Whether any page of `start..end` is unmapped.
     pub fn any_unmapped(&self, start: usize, end: usize) -> bool {
         match self {
-            Memory::Own => crate::sys::any_unmapped(start, end),
+            Memory::Own { .. } => crate::sys::any_unmapped(start, end),
             Memory::Remote { pid, .. } => {
                 let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
                     return true;

@@ -60,6 +60,7 @@ mod fork;
 mod latency;
 pub mod memory;
 mod reclaim;
+mod scratch;
 mod region;
 mod space;
 mod swapin;
@@ -79,6 +80,7 @@ use counters::Counters;
 use events::Inheritor;
 use fault::Fault;
 use memory::Memory;
+use scratch::Scratch;
 use space::{Owner, RegionInner, Space};
 use std::collections::VecDeque;
 use std::io;
@@ -224,7 +226,9 @@ impl Runtime {
                 0,
                 uffd,
                 Owner::Runtime,
-                Some(Memory::Own),
+                Some(Memory::Own {
+                    scratch: config.discard_by_move.then(Scratch::new).flatten(),
+                }),
                 None,
             ))]),
             next_space: AtomicU32::new(1),
@@ -616,7 +620,10 @@ impl Shared {
     /// open: a program event over the very same tail during the drop, or
     /// that extends the cursor exactly, is taken for the reclaimer's (the
     /// program then reads the bytes it dropped instead of zeros); the event
-    /// carries no thread to tell them apart.
+    /// carries no thread to tell them apart. Only drops in place are
+    /// judged here: the runtime's own stored pages leave by a move, which
+    /// raises no event (`mm/scratch.rs`), so the race is left to other
+    /// processes' pages and to pages that cannot move.
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
         let Some(memory) = space.memory.get() else {
             return false;

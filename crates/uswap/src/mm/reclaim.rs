@@ -7,11 +7,14 @@
 //! Victims are collected in a plug of up to `compress_batchsize` folios
 //! (flushed when full, before a 2M folio, and after a short timeout). At a
 //! flush they are write-protected, copied out in one `process_vm_readv`,
-//! stored with one `store_batch`, then dropped (MADV_DONTNEED). Adjacent
-//! folios of the plug (sequential access makes them the rule) share one
-//! write-protect call and one MADV_DONTNEED, so the TLB flushes and the
-//! REMOVE event round trips are paid per run, not per folio. A folio the
-//! store refuses is unprotected and stays resident.
+//! stored with one `store_batch`, then discarded: the runtime's own pages
+//! are moved out to the scratch and dropped there, which raises no event
+//! (`mm/scratch.rs`); what cannot move (pages a forked child shares, other
+//! processes' pages) is dropped in place (MADV_DONTNEED). Adjacent folios of
+//! the plug (sequential access makes them the rule) share one write-protect
+//! call and one move or MADV_DONTNEED, so the TLB flushes and the REMOVE
+//! event round trips are paid per run, not per folio. A folio the store
+//! refuses is unprotected and stays resident.
 //!
 //! The copy-out goes through `process_vm_readv` rather than a plain memory
 //! copy so that a range the program unmapped or moved meanwhile is an error
@@ -34,6 +37,7 @@ use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
 use super::{FolioRef, Shared};
+use crate::page::PAGE_SIZE;
 use crate::zswap::{SlotRange, StoreError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -334,10 +338,25 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         .reclaim_batches
         .fetch_add(1, Ordering::Relaxed);
 
-    // Drop the stored folios, a run of adjacent ones at a time. The event
-    // thread attributes the REMOVE events this raises to the reclaimer.
+    // Drop the stored folios, a run of adjacent ones at a time: moved out
+    // without an event where that works (`mm/scratch.rs`), the rest in
+    // place. The event thread attributes the REMOVE events a drop in place
+    // raises to the reclaimer.
     for run in runs(plug, |k| results[k].is_ok()) {
         let (start, len) = run_range(plug, run);
+        let gone = memory.discard_quietly(start, len);
+        shared
+            .counters
+            .discarded_by_move
+            .fetch_add((gone / PAGE_SIZE) as u64, Ordering::Relaxed);
+        if gone == len {
+            continue;
+        }
+        let (start, len) = (start + gone, len - gone);
+        shared
+            .counters
+            .discarded_in_place
+            .fetch_add((len / PAGE_SIZE) as u64, Ordering::Relaxed);
         shared.begin_own_drop(space.id, start, len);
         // Part of the range unmapped meanwhile: the rest is dropped, and the
         // unmap event says what became of the folios. A process gone: its

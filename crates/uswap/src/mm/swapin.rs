@@ -206,7 +206,7 @@ pub(crate) fn install(
                                         ..
                                     }) => return Installed::SpaceGone,
                                     Err(Partial {
-                                        error: UffdError::Os(e),
+                                        error: e @ (UffdError::Busy | UffdError::Os(_)),
                                         ..
                                     }) => panic!("installing a page at {d:#x}: {e}"),
                                 }
@@ -224,7 +224,9 @@ pub(crate) fn install(
                             continue 'attempts;
                         }
                         UffdError::ProcessGone => return Installed::SpaceGone,
-                        UffdError::Os(e) => panic!("installing {} pages at {dst:#x}: {e}", q - k),
+                        e @ (UffdError::Busy | UffdError::Os(_)) => {
+                            panic!("installing {} pages at {dst:#x}: {e}", q - k)
+                        }
                     }
                 }
             }

@@ -10,6 +10,7 @@
 //! | `EAGAIN` | [`UffdError::Again`]       | the mapping is changing: read events, retry   |
 //! | `ENOENT` | [`UffdError::NoMapping`]   | no registered mapping covers the whole range  |
 //! | `ESRCH`  | [`UffdError::ProcessGone`] | the address space has exited (or exec'd)      |
+//! | `EBUSY`  | [`UffdError::Busy`]        | a page cannot move (shared, pinned): drop it  |
 //! | other    | [`UffdError::Os`]          | a bug or an unsupported kernel: fail loudly   |
 //!
 //! A descriptor acts on the address space that created it, whoever calls the
@@ -75,6 +76,16 @@ struct UffdioWriteprotect {
 
 #[repr(C)]
 #[derive(Default)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+
+#[repr(C)]
+#[derive(Default)]
 struct UffdioPoison {
     range: UffdioRange,
     mode: u64,
@@ -86,6 +97,7 @@ const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
 const UFFDIO_UNREGISTER: u64 = ior(0x01, std::mem::size_of::<UffdioRange>());
 const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
 const UFFDIO_COPY: u64 = iowr(0x03, std::mem::size_of::<UffdioCopy>());
+const UFFDIO_MOVE: u64 = iowr(0x05, std::mem::size_of::<UffdioMove>());
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
 const UFFDIO_POISON: u64 = iowr(0x08, std::mem::size_of::<UffdioPoison>());
 /// `/dev/userfaultfd`'s ioctl for a new descriptor: _IO(0xAA, 0x00).
@@ -97,6 +109,8 @@ const COPY_MODE_DONTWAKE: u64 = 1;
 const COPY_MODE_WP: u64 = 2;
 const WRITEPROTECT_MODE_WP: u64 = 1;
 const POISON_MODE_DONTWAKE: u64 = 1;
+const MOVE_MODE_DONTWAKE: u64 = 1;
+const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
 const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 const FEATURE_EVENT_FORK: u64 = 1 << 1;
@@ -105,6 +119,7 @@ const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
 const FEATURE_THREAD_ID: u64 = 1 << 8;
 const FEATURE_POISON: u64 = 1 << 14;
+const FEATURE_MOVE: u64 = 1 << 16;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
 const EVENT_FORK: u8 = 0x13;
@@ -142,6 +157,9 @@ pub enum UffdError {
     NoMapping,
     /// `ESRCH`: the address space has exited or replaced itself (exec).
     ProcessGone,
+    /// `EBUSY` from a move: a page is not this address space's alone (a
+    /// forked child shares it, KSM merged it) or is pinned.
+    Busy,
     /// Anything else: a bug or an unsupported kernel.
     Os(io::Error),
 }
@@ -154,6 +172,7 @@ impl UffdError {
             Some(libc::EAGAIN) => UffdError::Again,
             Some(libc::ENOENT) => UffdError::NoMapping,
             Some(libc::ESRCH) => UffdError::ProcessGone,
+            Some(libc::EBUSY) => UffdError::Busy,
             _ => UffdError::Os(e),
         }
     }
@@ -166,6 +185,7 @@ impl fmt::Display for UffdError {
             UffdError::Again => f.write_str("the mapping is changing (EAGAIN)"),
             UffdError::NoMapping => f.write_str("no registered mapping covers the range (ENOENT)"),
             UffdError::ProcessGone => f.write_str("the address space is gone (ESRCH)"),
+            UffdError::Busy => f.write_str("a page is shared or pinned (EBUSY)"),
             UffdError::Os(e) => write!(f, "{e}"),
         }
     }
@@ -239,6 +259,34 @@ pub enum Event {
     },
 }
 
+/// A new userfaultfd descriptor (through /dev/userfaultfd, else the
+/// syscall), features not yet negotiated.
+fn create() -> io::Result<OwnedFd> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    // SAFETY: opening a device node by a NUL-terminated path.
+    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    let raw = if dev >= 0 {
+        // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its argument and
+        // returns a new descriptor.
+        let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, flags) };
+        // SAFETY: `dev` is ours and closed once.
+        unsafe { libc::close(dev) };
+        fd
+    } else {
+        // SAFETY: the userfaultfd syscall takes only flags.
+        unsafe { libc::syscall(libc::SYS_userfaultfd, flags) as libc::c_int }
+    };
+    if raw < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("userfaultfd unavailable: {e}"),
+        ));
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// A userfaultfd descriptor with the features the runtime relies on.
 pub struct Uffd {
     fd: OwnedFd,
@@ -260,33 +308,27 @@ pub struct Features {
 
 impl Uffd {
     /// Opens a descriptor (through /dev/userfaultfd, else the syscall) and
-    /// negotiates write-protect faults, thread ids, poison, and the remove, unmap, remap and (when `features.fork`)
-    /// fork events.
+    /// negotiates write-protect faults, thread ids, poison, and the remove,
+    /// unmap, remap and (when `features.fork`) fork events.
     pub fn open(features: Features) -> io::Result<Uffd> {
-        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        // SAFETY: opening a device node by a NUL-terminated path.
-        let dev =
-            unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        let raw = if dev >= 0 {
-            // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its argument and
-            // returns a new descriptor.
-            let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, flags) };
-            // SAFETY: `dev` is ours and closed once.
-            unsafe { libc::close(dev) };
-            fd
-        } else {
-            // SAFETY: the userfaultfd syscall takes only flags.
-            unsafe { libc::syscall(libc::SYS_userfaultfd, flags) as libc::c_int }
+        Uffd::adopt(create()?, features)
+    }
+
+    /// Opens a descriptor for moving pages (UFFDIO_MOVE, Linux 6.8) into
+    /// memory registered with it, with write-protect faults (so that its
+    /// mappings have the protection of those registered by
+    /// [`Uffd::open`], which a move requires) and no events at all: a
+    /// drop in its memory blocks on nothing and tells nobody.
+    pub fn open_for_moves() -> io::Result<Uffd> {
+        let uffd = Uffd { fd: create()? };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: FEATURE_MOVE | FEATURE_PAGEFAULT_FLAG_WP,
+            ioctls: 0,
         };
-        if raw < 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!("userfaultfd unavailable: {e}"),
-            ));
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        Uffd::adopt(unsafe { OwnedFd::from_raw_fd(raw) }, features)
+        uffd.ioctl(UFFDIO_API, &mut api)
+            .map_err(|e| io::Error::other(format!("UFFDIO_API with moves: {e}")))?;
+        Ok(uffd)
     }
 
     /// Takes a userfaultfd another process created (and sent over a unix
@@ -386,6 +428,25 @@ impl Uffd {
         };
         self.ioctl(UFFDIO_COPY, &mut c).map_err(|error| Partial {
             filled: c.copy.max(0) as usize,
+            error,
+        })
+    }
+
+    /// Moves the pages of `src..src + len` (anonymous, this address space's
+    /// alone) to `dst`, which must be registered with this descriptor and
+    /// empty, without copying them; holes in the source are skipped, and
+    /// nobody is woken. On error, [`Partial::filled`] says how much of the
+    /// range was done.
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Result<(), Partial> {
+        let mut m = UffdioMove {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: MOVE_MODE_DONTWAKE | MOVE_MODE_ALLOW_SRC_HOLES,
+            moved: 0,
+        };
+        self.ioctl(UFFDIO_MOVE, &mut m).map_err(|error| Partial {
+            filled: m.moved.max(0) as usize,
             error,
         })
     }
