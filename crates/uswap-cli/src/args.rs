@@ -123,6 +123,30 @@ pub struct RuntimeArgs {
     /// How freed swap slots are returned: immediate, batched or async.
     #[arg(long, env = "USWAP_SLOT_FREE", default_value = "async")]
     pub slot_free: uswap::swap::FreeMode,
+    /// How stored pages leave memory: move (moved out, no event, where the
+    /// kernel can) or in-place (MADV_DONTNEED).
+    #[arg(long, env = "USWAP_DISCARD", default_value = "move")]
+    pub discard: Discard,
+}
+
+/// How stored pages leave memory.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Discard {
+    /// Moved out (UFFDIO_MOVE) and dropped where no event is raised.
+    Move,
+    /// Dropped in place (MADV_DONTNEED).
+    InPlace,
+}
+
+impl Discard {
+    /// The value as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Discard::Move => "move",
+            Discard::InPlace => "in-place",
+        }
+    }
 }
 
 impl RuntimeArgs {
@@ -139,6 +163,7 @@ impl RuntimeArgs {
             engines: self.engines as usize,
             swap_file: self.swap_dir.clone().map(|d| (d, self.swap_size)),
             slot_free: self.slot_free,
+            discard_by_move: self.discard == Discard::Move,
             ..uswap::mm::RuntimeConfig::default()
         }
     }

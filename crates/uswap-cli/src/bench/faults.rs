@@ -12,7 +12,7 @@
 
 use super::floor;
 use super::{progress, quantile, write_json, Latency, Table};
-use crate::args;
+use crate::args::{self, Discard};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -54,12 +54,27 @@ pub struct Args {
     /// sleeps, in microseconds; several values are measured side by side.
     #[arg(long, default_value = "0", value_delimiter = ',')]
     event_spin_us: Vec<u64>,
+    /// How stored pages leave memory: `move` (moved out, no event, where
+    /// the kernel can) or `in-place` (MADV_DONTNEED); both measured side by
+    /// side when both are given.
+    #[arg(long, default_value = "move", value_delimiter = ',')]
+    discard: Vec<Discard>,
     /// How freed swap slots are returned; several are measured side by side.
     #[arg(long, default_value = "immediate,batched,async", value_delimiter = ',')]
     slot_free: Vec<FreeMode>,
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// One configuration measured.
+#[derive(Clone, Copy)]
+struct Setup {
+    pressure: Mode,
+    folio: usize,
+    free: FreeMode,
+    discard: Discard,
+    spin_us: u64,
 }
 
 /// Whether faults also need evictions.
@@ -85,6 +100,7 @@ struct Row {
     event_spin_us: u64,
     folio: String,
     free_mode: &'static str,
+    discard: Discard,
     faults: usize,
     #[serde(flatten)]
     latency: Latency,
@@ -146,20 +162,17 @@ fn measure_floors(pages: &[u8]) -> Result<Floors, String> {
 /// Fills managed memory with corpus pages, then times faults on swapped
 /// folios touched in random order. Returns each fault's latency and the
 /// wall time of the touching.
-fn measure(
-    args: &Args,
-    spin: u64,
-    pressure: Mode,
-    folio: usize,
-    mode: FreeMode,
-    pages: &[u8],
-) -> Result<(Vec<u64>, Duration), String> {
+fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duration), String> {
+    let Setup {
+        pressure, folio, ..
+    } = setup;
     let rt = Runtime::new(RuntimeConfig {
         memory_high: args.memory_high as usize,
         folio_size: folio,
         engines: args.engines as usize,
-        slot_free: mode,
-        event_spin: Duration::from_micros(spin),
+        slot_free: setup.free,
+        event_spin: Duration::from_micros(setup.spin_us),
+        discard_by_move: setup.discard == Discard::Move,
         ..RuntimeConfig::default()
     })
     .map_err(|e| format!("starting the runtime: {e}"))?;
@@ -271,46 +284,49 @@ pub fn run(args: &Args) -> Result<(), String> {
             "--size must be at least twice --memory-high, so that most of it is swapped".into(),
         );
     }
-    let modes = &args.slot_free;
-    let bar = progress(
-        (args.mode.len() * args.folios.len() * modes.len() * args.event_spin_us.len() + 1) as u64,
-        "faults",
-    );
+    let mut setups = Vec::new();
+    for &pressure in &args.mode {
+        for &folio in &args.folios {
+            for &free in &args.slot_free {
+                for &discard in &args.discard {
+                    for &spin_us in &args.event_spin_us {
+                        setups.push(Setup {
+                            pressure,
+                            folio,
+                            free,
+                            discard,
+                            spin_us,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let bar = progress(setups.len() as u64 + 1, "faults");
     bar.set_message("floors");
     let floors = measure_floors(&pages)?;
     bar.inc(1);
     let mut rows = Vec::new();
-    for &pressure in &args.mode {
-        for &folio in &args.folios {
-            for &mode in modes {
-                for &spin in &args.event_spin_us {
-                    bar.set_message(format!(
-                        "{} {} {} spin {spin}us",
-                        pressure.name(),
-                        format_size(folio as u64),
-                        mode.name()
-                    ));
-                    rows.push(row(args, &floors, spin, pressure, folio, mode, &pages)?);
-                    bar.inc(1);
-                }
-            }
-        }
+    for setup in setups {
+        bar.set_message(format!(
+            "{} {} {} {} spin {}us",
+            setup.pressure.name(),
+            format_size(setup.folio as u64),
+            setup.free.name(),
+            setup.discard.name(),
+            setup.spin_us
+        ));
+        rows.push(row(args, &floors, setup, &pages)?);
+        bar.inc(1);
     }
     bar.finish_and_clear();
     print_and_write(args, rows, floors)
 }
 
 /// Measures one configuration.
-fn row(
-    args: &Args,
-    floors: &Floors,
-    spin: u64,
-    pressure: Mode,
-    folio: usize,
-    mode: FreeMode,
-    pages: &[u8],
-) -> Result<Row, String> {
-    let (mut lat, wall) = measure(args, spin, pressure, folio, mode, pages)?;
+fn row(args: &Args, floors: &Floors, setup: Setup, pages: &[u8]) -> Result<Row, String> {
+    let folio = setup.folio;
+    let (mut lat, wall) = measure(args, setup, pages)?;
     let latency = Latency::of(&mut lat);
     let p50 = latency.p50_us;
     let pages_per_folio = (folio / PAGE_SIZE) as f64;
@@ -321,10 +337,11 @@ fn row(
             + floors.decompress_4k_us * pages_per_folio
     };
     Ok(Row {
-        mode: pressure,
-        event_spin_us: spin,
+        mode: setup.pressure,
+        event_spin_us: setup.spin_us,
         folio: format_size(folio as u64),
-        free_mode: mode.name(),
+        free_mode: setup.free.name(),
+        discard: setup.discard,
         faults: lat.len(),
         latency,
         p50_per_page_us: p50 / pages_per_folio,
@@ -336,7 +353,7 @@ fn row(
 fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), String> {
     let mut t = Table::new(
         &[
-            &["mode", "folio", "free mode", "spin us", "faults"][..],
+            &["mode", "folio", "free mode", "discard", "spin us", "faults"][..],
             &Latency::HEADER[..],
             &["p50/page us", "p50/floor", "pages/s"][..],
         ]
@@ -347,6 +364,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
             r.mode.name().to_string(),
             r.folio.clone(),
             r.free_mode.to_string(),
+            r.discard.name().to_string(),
             r.event_spin_us.to_string(),
             r.faults.to_string(),
         ];
