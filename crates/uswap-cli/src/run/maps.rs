@@ -2,7 +2,14 @@
 //! private, writable, anonymous mappings (the brk heap, malloc arenas,
 //! plain anonymous mmaps, JIT and GC heaps), trimmed to whole folios. Not
 //! file mappings, shared memory, the main stack, the kernel's special
-//! mappings, or the agent thread's own stack.
+//! mappings, the agent's own stack and beacon, or the zero-initialised data
+//! (.bss) of shared libraries: the agent thread runs libc code, which reads
+//! libc's own variables (`sendmsg` reads `__libc_single_threaded`), and a
+//! fault there while the reclaimer waits for that thread to drop pages
+//! would never be served. A library's .bss is the anonymous mapping that
+//! directly follows its writable file mapping; it is small, so leaving it
+//! resident costs little (one larger than [`MAX_LIBRARY_BSS`] is taken for
+//! program memory that the kernel merged into it, and managed).
 
 use std::io;
 
@@ -34,6 +41,23 @@ pub fn parse_line(line: &str) -> Option<Mapping> {
     })
 }
 
+/// The largest anonymous mapping after a library's data still taken for
+/// its .bss.
+pub const MAX_LIBRARY_BSS: usize = 16 << 20;
+
+/// Whether `m` is the .bss of the shared library whose mapping `prev` is
+/// (the one just before it in /proc/PID/maps).
+pub fn is_library_bss(prev: &Mapping, m: &Mapping) -> bool {
+    let name = prev.path.rsplit('/').next().unwrap_or("");
+    m.inode == 0
+        && m.path.is_empty()
+        && prev.end == m.start
+        && prev.inode != 0
+        && prev.perms.starts_with("rw")
+        && (name.ends_with(".so") || name.contains(".so."))
+        && m.end - m.start <= MAX_LIBRARY_BSS
+}
+
 /// Whether a mapping is memory `uswap run` manages.
 pub fn is_managed_kind(m: &Mapping) -> bool {
     m.perms.starts_with("rw") && m.perms.ends_with('p') && m.inode == 0 && {
@@ -43,19 +67,26 @@ pub fn is_managed_kind(m: &Mapping) -> bool {
 }
 
 /// The ranges of process `pid` to manage and not yet in `managed` (each
-/// `(start, len)`), folio aligned, leaving out `exclude`.
+/// `(start, len)`), folio aligned, leaving out the folios that touch any
+/// `(start, end)` of `exclude`.
 pub fn unmanaged_ranges(
     pid: i32,
     folio: usize,
     managed: &[(usize, usize)],
-    exclude: (usize, usize),
+    exclude: &[(usize, usize)],
 ) -> io::Result<Vec<(usize, usize)>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let mut taken: Vec<(usize, usize)> = managed.iter().map(|&(s, l)| (s, s + l)).collect();
-    taken.push(exclude);
+    taken.extend_from_slice(exclude);
     taken.sort_unstable();
     let mut out = Vec::new();
-    for m in maps.lines().filter_map(parse_line).filter(is_managed_kind) {
+    let mut prev: Option<Mapping> = None;
+    for m in maps.lines().filter_map(parse_line) {
+        let skip = !is_managed_kind(&m) || prev.as_ref().is_some_and(|p| is_library_bss(p, &m));
+        prev = Some(m.clone());
+        if skip {
+            continue;
+        }
         let mut at = m.start.next_multiple_of(folio);
         let end = m.end / folio * folio;
         for &(lo, hi) in &taken {
@@ -117,5 +148,22 @@ mod tests {
             let m = parse_line(line).expect(line);
             assert_eq!(is_managed_kind(&m), managed, "{line}");
         }
+    }
+
+    #[test]
+    fn a_librarys_bss_is_not_program_memory() {
+        let data = parse_line(
+            "7f1000000000-7f1000002000 rw-p 001d3000 08:01 4242  /usr/lib/x86_64-linux-gnu/libc.so.6",
+        )
+        .unwrap();
+        let bss = parse_line("7f1000002000-7f100000f000 rw-p 00000000 00:00 0 ").unwrap();
+        assert!(is_library_bss(&data, &bss));
+        let exe = parse_line("55550000-55551000 rw-p 00003000 08:01 77  /usr/bin/prog").unwrap();
+        let exe_bss = parse_line("55551000-55552000 rw-p 00000000 00:00 0 ").unwrap();
+        assert!(!is_library_bss(&exe, &exe_bss), "the program's own .bss is managed");
+        let apart = parse_line("7f1000003000-7f100000f000 rw-p 00000000 00:00 0 ").unwrap();
+        assert!(!is_library_bss(&data, &apart), "not adjacent");
+        let huge = parse_line("7f1000002000-7f1040002000 rw-p 00000000 00:00 0 ").unwrap();
+        assert!(!is_library_bss(&data, &huge), "program memory merged into it");
     }
 }

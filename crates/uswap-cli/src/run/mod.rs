@@ -77,10 +77,21 @@ pub struct Args {
 /// A served program image.
 struct Served {
     attached: Attached,
-    /// The agent thread's stack, never managed.
-    agent_stack: (usize, usize),
+    /// The agent's own mappings, never managed: its thread's stack and its
+    /// beacon page (a fault there must reach the beacon check, not a
+    /// region; a mapping registered beside the beacon merges with it).
+    agent_memory: [(usize, usize); 2],
     /// Said already that the program uses userfaultfd itself.
     said_busy: AtomicBool,
+}
+
+/// The agent's own mappings, as its hello gives them: stack and beacon.
+fn agent_memory(hello: &uswap_protocol::Hello) -> [(usize, usize); 2] {
+    let beacon = hello.beacon as usize;
+    [
+        (hello.stack_start as usize, hello.stack_end as usize),
+        (beacon, beacon + uswap::page::PAGE_SIZE),
+    ]
 }
 
 /// The agent link as the core's page dropper.
@@ -348,7 +359,7 @@ impl Supervisor {
         };
         let served = Served {
             attached,
-            agent_stack: (hello.stack_start as usize, hello.stack_end as usize),
+            agent_memory: agent_memory(&hello),
             said_busy: AtomicBool::new(false),
         };
         // The verdict goes first: nothing is managed yet, so no drop
@@ -398,7 +409,7 @@ impl Supervisor {
         };
         let served = Served {
             attached,
-            agent_stack: (hello.stack_start as usize, hello.stack_end as usize),
+            agent_memory: agent_memory(&hello),
             said_busy: AtomicBool::new(false),
         };
         // What the child maps from now on is found by the scans; what it
@@ -515,7 +526,7 @@ fn manage_new_memory(s: &Served, folio: usize) -> std::io::Result<()> {
         s.attached.pid(),
         folio,
         &s.attached.managed(),
-        s.agent_stack,
+        &s.agent_memory,
     )?;
     for (start, len) in ranges {
         // A mapping that changed meanwhile (unmapped, or registered by the

@@ -551,19 +551,20 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
     let Some(gate) = server.enter(shared) else {
         return Step::Again;
     };
+    // A forked child saying which space is its (see `Runtime::adopt`),
+    // whatever else the page is taken for.
+    if space.owner == Owner::Child && space.beacon == Some(page) {
+        shared
+            .beacon_hits
+            .lock()
+            .expect("beacon lock")
+            .insert(fault.tid as i32, space.id);
+    }
     let Some((region, i)) = space.lookup(fault.addr) else {
         // Pages a move carried out of a folio that is not back yet: its
         // owner installs them and wakes this range.
         if space.awaits_moved_page(page) {
             return Step::Done;
-        }
-        // A forked child saying which space is its (see `Runtime::adopt`).
-        if space.owner == Owner::Child && space.beacon == Some(page) {
-            shared
-                .beacon_hits
-                .lock()
-                .expect("beacon lock")
-                .insert(fault.tid as i32, space.id);
         }
         // Other registered memory no region tracks (moved out of a region
         // by a cut, or grown by mremap, or a beacon): fresh anonymous memory
