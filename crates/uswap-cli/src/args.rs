@@ -111,9 +111,11 @@ pub struct RuntimeArgs {
     /// Stores resume below this percentage of the pool limit.
     #[arg(long, env = "USWAP_ACCEPT_THRESHOLD_PERCENT", default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub accept_threshold_percent: u8,
-    /// Compression engines.
-    #[arg(long, env = "USWAP_ENGINES", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
-    pub engines: u32,
+    /// Compression engines per runtime (0..64), or auto: the machine's
+    /// CPUs shared among the runtimes of the run, and none where a runtime's
+    /// share is below two (see `Engines::per_runtime`).
+    #[arg(long, env = "USWAP_ENGINES", default_value = "auto", value_parser = engines)]
+    pub engines: Engines,
     /// Directory for a swap file (none by default).
     #[arg(long, env = "USWAP_SWAP_DIR", value_parser = existing_dir)]
     pub swap_dir: Option<PathBuf>,
@@ -127,6 +129,59 @@ pub struct RuntimeArgs {
     /// kernel can) or in-place (MADV_DONTNEED).
     #[arg(long, env = "USWAP_DISCARD", default_value = "move")]
     pub discard: Discard,
+}
+
+/// How many compression engines each runtime gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engines {
+    /// Chosen from the machine's CPUs.
+    Auto,
+    /// This many.
+    Fixed(u32),
+}
+
+impl Engines {
+    /// Engines for each of `runtimes` runtimes on a machine of `cpus` CPUs.
+    /// Auto shares the CPUs among the runtimes (at most 8 each) and gives a
+    /// runtime none when its share is below two: measured on a 2-CPU
+    /// machine with `uswap usemem 1536M -n 2 --memory-high 1G --compressor
+    /// lzo-rle`, one runtime (threads) writes 830-889 MB/s with 2 engines,
+    /// 673-689 with 1 and 728-730 with none; two runtimes (--processes)
+    /// write 1283-1327 MB/s with none and 950-985 with 1 or 2 each (their
+    /// engines' polling then takes the CPUs the programs need).
+    pub fn per_runtime(self, runtimes: usize, cpus: usize) -> usize {
+        match self {
+            Engines::Fixed(n) => n as usize,
+            Engines::Auto => match cpus / runtimes.max(1) {
+                share if share >= 2 => share.min(8),
+                _ => 0,
+            },
+        }
+    }
+
+    /// The value as given, or what auto chose.
+    pub fn describe(self, runtimes: usize, cpus: usize) -> String {
+        match self {
+            Engines::Fixed(n) => n.to_string(),
+            Engines::Auto => format!("auto ({})", self.per_runtime(runtimes, cpus)),
+        }
+    }
+}
+
+/// Parses `--engines`: `auto` or 0..=64.
+pub fn engines(text: &str) -> Result<Engines, String> {
+    if text == "auto" {
+        return Ok(Engines::Auto);
+    }
+    match text.parse::<u32>() {
+        Ok(n) if n <= 64 => Ok(Engines::Fixed(n)),
+        _ => Err(format!("{text:?} is neither auto nor a number of engines (0..64)")),
+    }
+}
+
+/// The CPUs this process may run on.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// How stored pages leave memory.
@@ -160,11 +215,29 @@ impl RuntimeArgs {
             page_cluster: self.page_cluster,
             max_pool_percent: self.max_pool_percent,
             accept_threshold_percent: self.accept_threshold_percent,
-            engines: self.engines as usize,
+            engines: self.engines.per_runtime(share, cpus()),
             swap_file: self.swap_dir.clone().map(|d| (d, self.swap_size)),
             slot_free: self.slot_free,
             discard_by_move: self.discard == Discard::Move,
             ..uswap::mm::RuntimeConfig::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_engines_share_the_cpus_and_skip_a_lone_engine() {
+        assert_eq!(Engines::Auto.per_runtime(1, 2), 2);
+        assert_eq!(Engines::Auto.per_runtime(2, 2), 0, "one each does not pay");
+        assert_eq!(Engines::Auto.per_runtime(2, 8), 4);
+        assert_eq!(Engines::Auto.per_runtime(1, 64), 8);
+        assert_eq!(Engines::Auto.per_runtime(1, 1), 0);
+        assert_eq!(Engines::Fixed(3).per_runtime(2, 2), 3);
+        assert_eq!(engines("auto"), Ok(Engines::Auto));
+        assert_eq!(engines("0"), Ok(Engines::Fixed(0)));
+        assert!(engines("65").is_err() && engines("two").is_err());
     }
 }
