@@ -344,7 +344,30 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // raises to the reclaimer.
     for run in runs(plug, |k| results[k].is_ok()) {
         let (start, len) = run_range(plug, run);
-        let gone = memory.discard_quietly(start, len);
+        let gone = if memory.scratch_uffd().is_some() {
+            // A move raises no event, so it can be made under the settled
+            // gate: no event is applied meanwhile, and a move of the region
+            // since the check above (after which the program could have
+            // mapped something else at the old address) voids the copies
+            // here instead of taking whatever now lies there.
+            let _settled = settled_gate(shared, space, start, len);
+            let (first, count) = run;
+            let moved_away = plug[first..first + count]
+                .iter()
+                .any(|v| v.region.moves.load(Ordering::Acquire) != v.moves);
+            if moved_away {
+                for r in &mut results[first..first + count] {
+                    if let Ok(range) = *r {
+                        shared.store.invalidate(range);
+                        *r = Err(StoreError::Io);
+                    }
+                }
+                continue;
+            }
+            memory.discard_quietly(start, len)
+        } else {
+            0
+        };
         shared
             .counters
             .discarded_by_move
