@@ -41,6 +41,10 @@ pub struct Args {
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw the by_n figures as SVG charts in this directory (latency and
+    /// ratio against N).
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -513,6 +517,9 @@ pub fn run(args: &Args) -> Result<(), String> {
         ]);
     }
     t.print("by_n: one 64K folio as N segments compressed in parallel (ns)");
+    if let Some(dir) = &args.svg {
+        byn_charts(dir, &byn_rows)?;
+    }
 
     let mut t = Table::new(&[
         "codec",
@@ -552,4 +559,30 @@ pub fn run(args: &Args) -> Result<(), String> {
         return Err("a codec failed its round trip (see the ok column)".into());
     }
     Ok(())
+}
+
+/// by_n against N: compress and decompress p50, and the ratio.
+fn byn_charts(dir: &std::path::Path, rows: &[BynRow]) -> Result<(), String> {
+    super::svg::prepare(dir)?;
+    let points = |f: fn(&BynRow) -> f64| -> Vec<(f64, f64)> {
+        rows.iter().map(|r| (r.n as f64, f(r))).collect()
+    };
+    let (codec, folio) = rows
+        .first()
+        .map_or((String::new(), String::new()), |r| (r.codec.clone(), r.folio.clone()));
+    super::svg::lines(
+        &dir.join("byn-latency.svg"),
+        &format!("by_n: one {folio} folio as N segments ({codec}), p50"),
+        ("N (segments)", "microseconds"),
+        &[
+            ("compress".into(), points(|r| r.compress_ns_p50 as f64 / 1000.0)),
+            ("decompress".into(), points(|r| r.decompress_ns_p50 as f64 / 1000.0)),
+        ],
+    )?;
+    super::svg::lines(
+        &dir.join("byn-ratio.svg"),
+        &format!("by_n: compression ratio of one {folio} folio as N segments ({codec})"),
+        ("N (segments)", "ratio (original / stored)"),
+        &[("ratio".into(), points(|r| r.ratio))],
+    )
 }

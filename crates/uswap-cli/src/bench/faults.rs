@@ -65,6 +65,10 @@ pub struct Args {
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw the latency distributions as SVG charts in this directory
+    /// (one per mode: the share of faults slower than each latency).
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 /// One configuration measured.
@@ -307,6 +311,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let floors = measure_floors(&pages)?;
     bar.inc(1);
     let mut rows = Vec::new();
+    let mut samples: Vec<(Mode, String, Vec<u64>)> = Vec::new();
     for setup in setups {
         bar.set_message(format!(
             "{} {} {} {} spin {}us",
@@ -316,15 +321,59 @@ pub fn run(args: &Args) -> Result<(), String> {
             setup.discard.name(),
             setup.spin_us
         ));
-        rows.push(row(args, &floors, setup, &pages)?);
+        let (row, lat) = row(args, &floors, setup, &pages)?;
+        let label = format!(
+            "{} {} {}{}",
+            row.folio,
+            row.free_mode,
+            row.discard.name(),
+            if setup.spin_us > 0 {
+                format!(" spin {}us", setup.spin_us)
+            } else {
+                String::new()
+            }
+        );
+        rows.push(row);
+        if args.svg.is_some() {
+            samples.push((setup.pressure, label, lat));
+        }
         bar.inc(1);
+    }
+    if let Some(dir) = &args.svg {
+        super::svg::prepare(dir)?;
+        for mode in [Mode::Pressure, Mode::NoPressure] {
+            let series: Vec<(String, Vec<u64>)> = samples
+                .iter()
+                .filter(|(m, _, _)| *m == mode)
+                .map(|(_, label, lat)| (label.clone(), lat.clone()))
+                .collect();
+            if series.is_empty() {
+                continue;
+            }
+            super::svg::latency_tail(
+                &dir.join(format!("faults-{}.svg", mode.name())),
+                &format!(
+                    "Swap-in faults, {} mode: {} threads, {} under {}",
+                    mode.name(),
+                    args.threads,
+                    format_size(args.size),
+                    format_size(args.memory_high)
+                ),
+                &series,
+            )?;
+        }
     }
     bar.finish_and_clear();
     print_and_write(args, rows, floors)
 }
 
 /// Measures one configuration.
-fn row(args: &Args, floors: &Floors, setup: Setup, pages: &[u8]) -> Result<Row, String> {
+fn row(
+    args: &Args,
+    floors: &Floors,
+    setup: Setup,
+    pages: &[u8],
+) -> Result<(Row, Vec<u64>), String> {
     let folio = setup.folio;
     let (mut lat, wall) = measure(args, setup, pages)?;
     let latency = Latency::of(&mut lat);
@@ -336,7 +385,7 @@ fn row(args: &Args, floors: &Floors, setup: Setup, pages: &[u8]) -> Result<Row, 
         floors.roundtrip_64k_us * folio as f64 / (64 << 10) as f64
             + floors.decompress_4k_us * pages_per_folio
     };
-    Ok(Row {
+    let row = Row {
         mode: setup.pressure,
         event_spin_us: setup.spin_us,
         folio: format_size(folio as u64),
@@ -347,7 +396,8 @@ fn row(args: &Args, floors: &Floors, setup: Setup, pages: &[u8]) -> Result<Row, 
         p50_per_page_us: p50 / pages_per_folio,
         p50_vs_floor: p50 / floor,
         pages_per_sec: lat.len() as f64 * pages_per_folio / wall.as_secs_f64(),
-    })
+    };
+    Ok((row, lat))
 }
 
 fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), String> {

@@ -5,6 +5,7 @@ pub mod codecs;
 pub mod faults;
 pub mod floor;
 pub mod store;
+pub mod svg;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;

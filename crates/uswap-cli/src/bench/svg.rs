@@ -1,0 +1,140 @@
+//! Charts for `--svg DIR`, drawn with plotters: where a distribution or a
+//! trend is easier seen than read off a table.
+
+use plotters::prelude::*;
+use std::path::Path;
+
+const SIZE: (u32, u32) = (960, 600);
+
+fn err(e: impl std::fmt::Display) -> String {
+    format!("drawing a chart: {e}")
+}
+
+/// Latency distributions, one line per series: the share of samples
+/// (nanoseconds) slower than x, both axes logarithmic, so that p50, p99 and
+/// p99.9 are where a line crosses 0.5, 0.01 and 0.001 (drawn as guides).
+pub fn latency_tail(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<u64>)],
+) -> Result<(), String> {
+    let us = |ns: u64| (ns as f64 / 1000.0).max(0.1);
+    let max_us = series
+        .iter()
+        .filter_map(|(_, s)| s.iter().max().copied())
+        .map(us)
+        .fold(10.0, f64::max);
+    let floor = 1e-4;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((1.0..max_us * 1.5).log_scale(), (floor..1.0).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("fault latency (us)")
+        .y_desc("share of faults slower")
+        .draw()
+        .map_err(err)?;
+    for (q, name) in [(0.5, "p50"), (0.01, "p99"), (0.001, "p99.9")] {
+        chart
+            .draw_series(LineSeries::new(
+                [(1.0, q), (max_us * 1.5, q)],
+                BLACK.mix(0.25),
+            ))
+            .map_err(err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                name,
+                (1.05, q * 1.1),
+                ("sans-serif", 12),
+            )))
+            .map_err(err)?;
+    }
+    for (k, (label, samples)) in series.iter().enumerate() {
+        let mut sorted = samples.clone();
+        sorted.sort_unstable();
+        let n = sorted.len();
+        if n == 0 {
+            continue;
+        }
+        // At most ~400 points: every distinct step matters most in the
+        // tail, so points are spaced evenly on the log scale of the share.
+        let mut points = Vec::new();
+        let mut share = 1.0;
+        while share >= floor && share >= 1.0 / n as f64 {
+            let at = ((1.0 - share) * n as f64) as usize;
+            points.push((us(sorted[at.min(n - 1)]), share));
+            share /= 1.03;
+        }
+        let color = Palette99::pick(k).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(err)?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// Lines of `y` against `x`, one per series, on a linear scale.
+pub fn lines(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<(), String> {
+    let all = || series.iter().flat_map(|(_, p)| p.iter().copied());
+    let x_max = all().map(|(x, _)| x).fold(1.0, f64::max);
+    let y_max = all().map(|(_, y)| y).fold(1e-9, f64::max);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max * 1.15)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(err)?;
+    for (k, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// Creates `dir` (and its parents) for the charts.
+pub fn prepare(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+}
