@@ -149,6 +149,10 @@ pub(crate) struct Shared {
     /// fault that needs room too, so that room the reclaimer frees goes to
     /// the faults that waited first instead of to the next one read.
     pub waiting_for_room: AtomicUsize,
+    /// Tests: a flush stops before its discard while armed (see
+    /// [`Runtime::hold_next_discard`]).
+    #[cfg(feature = "fault-injection")]
+    pub discard_hold: (Mutex<DiscardHold>, Condvar),
     /// Turns at the room the reclaimer frees, first come first served
     /// between the fillers: (next ticket, ticket now served).
     pub room_turns: (AtomicU64, AtomicU64),
@@ -242,6 +246,8 @@ impl Runtime {
             reclaimed: (Mutex::new(()), Condvar::new()),
             reclaim_stuck: AtomicBool::new(false),
             waiting_for_room: AtomicUsize::new(0),
+            #[cfg(feature = "fault-injection")]
+            discard_hold: (Mutex::new(DiscardHold::Off), Condvar::new()),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
             own_drops: Mutex::new(Vec::new()),
             reads: AtomicU64::new(0),
@@ -437,6 +443,83 @@ impl Runtime {
     /// `memory_high`).
     pub fn reclaim_now(&self) {
         self.shared.kick_reclaim();
+    }
+
+    /// Tests: the next flush stops after its folios are stored and checked,
+    /// before they are discarded, until [`Runtime::release_discard`]; so a
+    /// test can change the address space in that window.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_discard(&self) {
+        *self.shared.discard_hold.0.lock().expect("hold lock") = DiscardHold::Armed;
+    }
+
+    /// Tests: waits (at most ten seconds) until a flush is held; false if
+    /// none was.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_discard_held(&self) -> bool {
+        let (lock, cv) = &self.shared.discard_hold;
+        let held = cv
+            .wait_timeout_while(
+                lock.lock().expect("hold lock"),
+                std::time::Duration::from_secs(10),
+                |h| *h != DiscardHold::Held,
+            )
+            .expect("hold lock");
+        *held.0 == DiscardHold::Held
+    }
+
+    /// Tests: lets the held flush go on, and waits (at most ten seconds)
+    /// until it has discarded what it was going to.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_discard(&self) {
+        let (lock, cv) = &self.shared.discard_hold;
+        let mut h = lock.lock().expect("hold lock");
+        *h = DiscardHold::Released;
+        cv.notify_all();
+        drop(
+            cv.wait_timeout_while(h, std::time::Duration::from_secs(10), |h| {
+                *h == DiscardHold::Released
+            })
+            .expect("hold lock"),
+        );
+    }
+}
+
+/// Where the test hold of a flush stands.
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DiscardHold {
+    Off,
+    Armed,
+    Held,
+    Released,
+}
+
+#[cfg(feature = "fault-injection")]
+impl Shared {
+    /// In a flush, before its discard: stops there while a test holds it.
+    pub fn hold_discard_if_armed(&self) {
+        let (lock, cv) = &self.discard_hold;
+        let mut h = lock.lock().expect("hold lock");
+        if *h != DiscardHold::Armed {
+            return;
+        }
+        *h = DiscardHold::Held;
+        cv.notify_all();
+        drop(
+            cv.wait_while(h, |h| *h == DiscardHold::Held)
+                .expect("hold lock"),
+        );
+    }
+
+    /// In a flush, after its discard: tells a waiting test it is over.
+    pub fn end_held_discard(&self) {
+        let (lock, cv) = &self.discard_hold;
+        let mut h = lock.lock().expect("hold lock");
+        if *h == DiscardHold::Released {
+            *h = DiscardHold::Off;
+            cv.notify_all();
+        }
     }
 }
 

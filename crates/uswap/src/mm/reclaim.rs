@@ -318,25 +318,13 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     } else {
         plug.iter().map(|_| Err(StoreError::Io)).collect()
     };
-    // A move of the region during the write protection or the copy-out may
-    // have made them act on what it left behind: such a copy is void. Checked
-    // once every event up to now is in the bookkeeping.
-    if results.iter().any(|r| r.is_ok()) {
-        let (start, len) = run_range(plug, (0, 1));
-        let _settled = settled_gate(shared, space, start, len);
-        for (v, r) in plug.iter().zip(results.iter_mut()) {
-            if let Ok(range) = *r {
-                if v.region.moves.load(Ordering::Acquire) != v.moves {
-                    shared.store.invalidate(range);
-                    *r = Err(StoreError::Io);
-                }
-            }
-        }
-    }
     shared
         .counters
         .reclaim_batches
         .fetch_add(1, Ordering::Relaxed);
+
+    #[cfg(feature = "fault-injection")]
+    shared.hold_discard_if_armed();
 
     // Drop the stored folios, a run of adjacent ones at a time: moved out
     // without an event where that works (`mm/scratch.rs`), the rest in
@@ -344,12 +332,16 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // raises to the reclaimer.
     for run in runs(plug, |k| results[k].is_ok()) {
         let (start, len) = run_range(plug, run);
-        let gone = if memory.scratch_uffd().is_some() {
-            // A move raises no event, so it can be made under the settled
-            // gate: no event is applied meanwhile, and a move of the region
-            // since the check above (after which the program could have
-            // mapped something else at the old address) voids the copies
-            // here instead of taking whatever now lies there.
+        let gone = {
+            // Under the settled gate every event up to now is applied and no
+            // other is meanwhile: a move of the region since the flush began
+            // (the write protection and copy-out may have acted on what it
+            // left behind, and the program may since have mapped something
+            // else at the old address) voids the copies here instead of
+            // discarding whatever lies there now.
+            // A move out raises no event, so it is made under the gate too;
+            // a drop in place must wait for its event to be read, so it
+            // follows once the gate is released (a window left open).
             let _settled = settled_gate(shared, space, start, len);
             let (first, count) = run;
             let moved_away = plug[first..first + count]
@@ -365,8 +357,6 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 continue;
             }
             memory.discard_quietly(start, len)
-        } else {
-            0
         };
         shared
             .counters
@@ -398,6 +388,9 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         }
         shared.end_own_drop(space.id, start);
     }
+
+    #[cfg(feature = "fault-injection")]
+    shared.end_held_discard();
 
     let full = results.iter().any(|r| {
         matches!(
