@@ -1,6 +1,7 @@
 //! Charts for `--svg DIR`, drawn with plotters: where a distribution or a
 //! trend is easier seen than read off a table.
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -25,13 +26,8 @@ pub fn latency_tail(
         .map(us)
         .fold(10.0, f64::max);
     let floor = 1e-4;
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
+    let root = canvas(path)?;
+    let mut chart = titled(&root, title)
         .build_cartesian_2d((1.0..max_us * 1.5).log_scale(), (floor..1.0).log_scale())
         .map_err(err)?;
     chart
@@ -71,20 +67,9 @@ pub fn latency_tail(
             points.push((us(sorted[at.min(n - 1)]), share));
             share /= 1.03;
         }
-        let color = Palette99::pick(k).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(err)?
-            .label(label.clone())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        labelled_line(&mut chart, k, label, points)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(err)
 }
 
@@ -98,13 +83,8 @@ pub fn lines(
     let all = || series.iter().flat_map(|(_, p)| p.iter().copied());
     let x_max = all().map(|(x, _)| x).fold(1.0, f64::max);
     let y_max = all().map(|(_, y)| y).fold(1e-9, f64::max);
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
+    let root = canvas(path)?;
+    let mut chart = titled(&root, title)
         .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max * 1.15)
         .map_err(err)?;
     chart
@@ -114,24 +94,75 @@ pub fn lines(
         .draw()
         .map_err(err)?;
     for (k, (label, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(k).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(err)?
-            .label(label.clone())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        let color = labelled_line(&mut chart, k, label, points.clone())?;
         chart
             .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
             .map_err(err)?;
     }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(err)
+}
+
+/// A white canvas of the charts' size, drawn to `path`.
+fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>, String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    Ok(root)
+}
+
+/// A chart on `root` with a caption and room for the axis labels.
+fn titled<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70);
+    builder
+}
+
+type Chart<'a, 'b, X, Y> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>;
+
+/// Draws series number `k` as a line in its own colour, named in the
+/// legend; returns the colour.
+fn labelled_line<X, Y>(
+    chart: &mut Chart<'_, '_, X, Y>,
+    k: usize,
+    label: &str,
+    points: Vec<(f64, f64)>,
+) -> Result<RGBAColor, String>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let color = Palette99::pick(k).to_rgba();
+    chart
+        .draw_series(LineSeries::new(points, color.stroke_width(2)))
+        .map_err(err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+    Ok(color)
+}
+
+/// The legend, boxed, at `position`.
+fn legend<'b, X, Y>(
+    chart: &mut Chart<'b, 'b, X, Y>,
+    position: SeriesLabelPosition,
+) -> Result<(), String>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(position)
         .draw()
-        .map_err(err)?;
-    root.present().map_err(err)
+        .map_err(err)
 }
 
 /// Creates `dir` (and its parents) for the charts.
