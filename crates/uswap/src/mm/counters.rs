@@ -70,7 +70,7 @@ counters! {
     discarded_by_move,
     /// Pages of stored folios dropped in place (MADV_DONTNEED, which raises
     /// a REMOVE event): other processes' pages, and pages that could not
-    /// move (shared with a forked child, pinned, mprotected).
+    /// move (read-only or locked mappings, pinned pages).
     discarded_in_place,
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.

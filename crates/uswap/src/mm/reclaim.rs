@@ -9,8 +9,9 @@
 //! flush they are write-protected, copied out in one `process_vm_readv`,
 //! stored with one `store_batch`, then discarded: the runtime's own pages
 //! are moved out to the scratch and dropped there, which raises no event
-//! (`mm/scratch.rs`); what cannot move (pages a forked child shares, other
-//! processes' pages) is dropped in place (MADV_DONTNEED). Adjacent folios of
+//! (`mm/scratch.rs`); what cannot move (pages of read-only or locked
+//! mappings, pinned pages, other processes' pages) is dropped in place
+//! (MADV_DONTNEED). Adjacent folios of
 //! the plug (sequential access makes them the rule) share one write-protect
 //! call and one move or MADV_DONTNEED, so the TLB flushes and the REMOVE
 //! event round trips are paid per run, not per folio. A folio the store

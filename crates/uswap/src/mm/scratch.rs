@@ -25,8 +25,10 @@
 //!
 //! Only pages this address space maps alone can move: one a forked child
 //! still shares, KSM merged or something pinned answers EBUSY, and a
-//! mapping of other protection (mprotect, mlock) EINVAL. Whatever did not
-//! move is dropped in place as before, by the caller.
+//! mapping of other protection (mprotect, mlock) EINVAL. (Pages shared with
+//! a forked child are rare here: the copy-out before the move pins them,
+//! and pinning gives the parent a copy of its own.) Whatever did not move
+//! is dropped in place as before, by the caller.
 
 use super::uffd::{Partial, Uffd};
 use crate::page::PAGE_SIZE;
