@@ -45,7 +45,9 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use uswap_protocol::{wire, Dropped, Hello, Request, Verdict, PACKET, SOCKET_ENV_C};
+use uswap_protocol::{
+    wire, Dropped, Hello, Request, Verdict, AGENT_THREAD_NAME_C, PACKET, SOCKET_ENV_C,
+};
 
 /// The connection to the supervisor (-1: none).
 static SOCKET: AtomicI32 = AtomicI32::new(-1);
@@ -390,6 +392,11 @@ fn start_thread(stack: *mut libc::c_void, how: usize) -> Result<(), &'static str
 
 /// The agent thread: drops pages on request until the supervisor lets go.
 extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
+    // Named, so that a supervisor that lost contact with this thread (the
+    // program closed its descriptors) can tell when it has ended, and with
+    // it any drop it was making.
+    // SAFETY: PR_SET_NAME takes a NUL-terminated name of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, AGENT_THREAD_NAME_C.as_ptr()) };
     // The program's signals are for its own threads: this one started with
     // all of them blocked (see `start_thread`).
     if how as usize == FORKED {

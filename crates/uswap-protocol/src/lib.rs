@@ -28,6 +28,12 @@
 
 pub mod wire;
 
+/// The agent thread's name (`/proc/PID/task/TID/comm`): the supervisor
+/// looks for it to know when a thread it lost contact with has ended.
+pub const AGENT_THREAD_NAME: &str = "uswap-agent";
+/// The same, for `prctl(PR_SET_NAME)`.
+pub const AGENT_THREAD_NAME_C: &core::ffi::CStr = c"uswap-agent";
+
 /// The environment variable naming the supervisor's abstract socket.
 pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 /// Same, NUL-terminated, for `getenv` before `main`.

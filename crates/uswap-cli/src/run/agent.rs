@@ -12,6 +12,8 @@ use uswap_protocol::{wire, Dropped, Hello, Request, Verdict, PACKET};
 /// One connected agent.
 pub struct AgentLink {
     sock: OwnedFd,
+    /// The agent's process.
+    pid: libc::pid_t,
     /// The last request's number; held for a whole request and answer.
     seq: Mutex<u64>,
 }
@@ -60,6 +62,7 @@ impl AgentLink {
         Ok((
             AgentLink {
                 sock,
+                pid: hello.pid,
                 seq: Mutex::new(0),
             },
             Greeting { hello, uffd },
@@ -92,7 +95,7 @@ impl DropPages for AgentLink {
             len: len as u64,
         };
         if send(self.sock.as_raw_fd(), &request.encode()).is_err() {
-            return Err(DropError::Gone);
+            return Err(self.lost());
         }
         // One request at a time (the lock is held): the answer is to it.
         match recv(self.sock.as_raw_fd()) {
@@ -106,12 +109,46 @@ impl DropPages for AgentLink {
                     "the agent answered something else",
                 ))),
             },
-            Ok(None) => Err(DropError::Gone),
+            Ok(None) => Err(self.lost()),
             // The process exited with the request in flight.
-            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => Err(DropError::Gone),
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => Err(self.lost()),
             Err(e) => Err(DropError::Failed(e)),
         }
     }
+}
+
+impl AgentLink {
+    /// The link broke with a drop perhaps under way: the process exited, or
+    /// closed the agent's descriptors (a daemon, a child between fork and
+    /// exec) while the agent thread may still be inside the madvise. Its
+    /// outcome is known only once that thread has ended: before, the pages
+    /// could still vanish after the caller has found them present and
+    /// voided their stored copy (they then read as zeros), and the drop's
+    /// REMOVE event could be read after the caller stopped taking it for
+    /// its own. So this waits, a few seconds at most, for the thread to end.
+    fn lost(&self) -> DropError {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while agent_thread_runs(self.pid) {
+            if std::time::Instant::now() > deadline {
+                return DropError::Failed(io::Error::other(
+                    "the agent stopped answering and its thread goes on",
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        DropError::Gone
+    }
+}
+
+/// Whether a thread of process `pid` carries the agent thread's name.
+fn agent_thread_runs(pid: libc::pid_t) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm"))
+            .is_ok_and(|c| c.trim_end() == uswap_protocol::AGENT_THREAD_NAME)
+    })
 }
 
 impl Drop for AgentLink {
