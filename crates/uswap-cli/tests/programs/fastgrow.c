@@ -3,15 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static long rss_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb;
-}
+#include "rss.h"
 
 int main(void) {
     size_t n = 512UL << 20;

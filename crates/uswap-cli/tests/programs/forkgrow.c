@@ -9,15 +9,7 @@
 #include <unistd.h>
 #define MIB (1024UL * 1024UL)
 
-static long rss_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb;
-}
+#include "rss.h"
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
