@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use uswap::codec;
 use uswap::size::parse_size;
+use uswap::zswap::Layout;
 
 /// A codec name as the kernel spells it, optionally `NAME:LEVEL`.
 pub fn codec_name(s: &str) -> Result<String, String> {
@@ -129,6 +130,16 @@ pub struct RuntimeArgs {
     /// kernel can) or in-place (MADV_DONTNEED).
     #[arg(long, env = "USWAP_DISCARD", default_value = "move")]
     pub discard: Discard,
+    /// How a folio's pages are stored: page (one object per page, as the
+    /// kernel does), folio (the folio as one object), or byn:N (the folio as
+    /// a by_n frame of N segments, decompressed in parallel on the engines).
+    #[arg(long, env = "USWAP_LAYOUT", default_value = "page", value_parser = layout)]
+    pub layout: Layout,
+}
+
+/// A store layout: page, folio or byn:N.
+pub fn layout(s: &str) -> Result<Layout, String> {
+    s.parse().map_err(|e: uswap::zswap::ConfigError| e.0)
 }
 
 /// How many compression engines each runtime gets.
@@ -175,7 +186,9 @@ pub fn engines(text: &str) -> Result<Engines, String> {
     }
     match text.parse::<u32>() {
         Ok(n) if n <= 64 => Ok(Engines::Fixed(n)),
-        _ => Err(format!("{text:?} is neither auto nor a number of engines (0..64)")),
+        _ => Err(format!(
+            "{text:?} is neither auto nor a number of engines (0..64)"
+        )),
     }
 }
 
@@ -219,6 +232,7 @@ impl RuntimeArgs {
             swap_file: self.swap_dir.clone().map(|d| (d, self.swap_size)),
             slot_free: self.slot_free,
             discard_by_move: self.discard == Discard::Move,
+            layout: self.layout,
             ..uswap::mm::RuntimeConfig::default()
         }
     }

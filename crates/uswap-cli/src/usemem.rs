@@ -331,7 +331,11 @@ pub fn run(args: &Args) -> Result<(), String> {
                 compressor: args.runtime.compressor.clone(),
                 compress_batchsize: args.runtime.compress_batchsize,
                 engines: args.runtime.engines.describe(
-                    if args.processes { args.tasks as usize } else { 1 },
+                    if args.processes {
+                        args.tasks as usize
+                    } else {
+                        1
+                    },
                     crate::args::cpus(),
                 ),
                 total_kbps: total,

@@ -7,9 +7,11 @@ const USWAP: &str = env!("CARGO_BIN_EXE_uswap");
 
 fn chart(dir: &std::path::Path, name: &str) -> String {
     let path = dir.join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(text.trim_start().starts_with("<svg"), "{name} is not an SVG document");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        text.trim_start().starts_with("<svg"),
+        "{name} is not an SVG document"
+    );
     assert!(text.trim_end().ends_with("</svg>"), "{name} is cut short");
     text
 }
@@ -18,11 +20,17 @@ fn chart(dir: &std::path::Path, name: &str) -> String {
 fn bench_codecs_draws_the_by_n_charts() {
     let dir = std::env::temp_dir().join(format!("uswap-charts-{}", std::process::id()));
     let out = Command::new(USWAP)
-        .args(["bench", "codecs", "--codecs", "lz4", "--folios", "4k", "--rounds", "1", "--svg"])
+        .args([
+            "bench", "codecs", "--codecs", "lz4", "--folios", "4k", "--rounds", "1", "--svg",
+        ])
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let latency = chart(&dir, "byn-latency.svg");
     assert!(latency.contains("compress") && latency.contains("decompress"));
     assert!(chart(&dir, "byn-ratio.svg").contains("ratio"));
@@ -34,13 +42,28 @@ fn bench_faults_draws_a_latency_chart_per_mode() {
     let dir = std::env::temp_dir().join(format!("uswap-fault-charts-{}", std::process::id()));
     let out = Command::new(USWAP)
         .args([
-            "bench", "faults", "--faults", "200", "--folios", "64k", "--slot-free", "async",
-            "--size", "64M", "--memory-high", "16M", "--svg",
+            "bench",
+            "faults",
+            "--faults",
+            "200",
+            "--folios",
+            "64k",
+            "--slot-free",
+            "async",
+            "--size",
+            "64M",
+            "--memory-high",
+            "16M",
+            "--svg",
         ])
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for mode in ["pressure", "no-pressure"] {
         let text = chart(&dir, &format!("faults-{mode}.svg"));
         assert!(text.contains("64K async move"), "{mode}: no series label");

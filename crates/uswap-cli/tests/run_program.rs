@@ -280,7 +280,14 @@ fn forked_child_held_to_the_limit(folio: &str) {
     let rss_alone: u64 = child_rss(&alone);
     let stats = exe.with_extension(format!("forkgrow-{folio}-stats"));
     let managed = run(Command::new(USWAP)
-        .args(["run", "--memory-high", "32M", "--folio-size", folio, "--stats-file"])
+        .args([
+            "run",
+            "--memory-high",
+            "32M",
+            "--folio-size",
+            folio,
+            "--stats-file",
+        ])
         .arg(&stats)
         .arg("--")
         .arg(&exe));

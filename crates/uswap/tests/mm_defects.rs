@@ -996,7 +996,10 @@ fn incompressible_folios_do_not_stall_reclaim_of_the_rest() {
         }
         evict_to_limit(&rt);
         let stats = rt.stats();
-        assert!(stats.eviction_refused > 0, "no folio was refused: {stats:?}");
+        assert!(
+            stats.eviction_refused > 0,
+            "no folio was refused: {stats:?}"
+        );
         assert_eq!(
             stats.reclaim_backoffs, 0,
             "the reclaimer paused while compressible folios were waiting"
@@ -1061,9 +1064,7 @@ fn stored_pages_that_cannot_move_are_dropped_in_place() {
         }
         rt.set_memory_high(16 * MIB);
         // SAFETY: our own mapping, read only from here on.
-        let r = unsafe {
-            libc::mprotect(region.as_ptr() as *mut _, region.len(), libc::PROT_READ)
-        };
+        let r = unsafe { libc::mprotect(region.as_ptr() as *mut _, region.len(), libc::PROT_READ) };
         assert_eq!(r, 0);
         rt.set_memory_high(MIB);
         evict_to_limit(&rt);
@@ -1168,13 +1169,20 @@ fn discard_after_a_move_of_the_region(discard_by_move: bool) {
         // SAFETY: the plain mapping made above.
         let plain = unsafe { std::slice::from_raw_parts(old as *const u8, len) };
         let lost = plain.iter().filter(|&&b| b != 0xAB).count();
-        assert_eq!(lost, 0, "{lost} bytes of memory mapped where the region was changed");
+        assert_eq!(
+            lost, 0,
+            "{lost} bytes of memory mapped where the region was changed"
+        );
         let moved = Words {
             base: target,
             count: words.count,
         };
         for i in 0..moved.count {
-            assert_eq!(moved.read(i), i as u64 ^ 0x5555, "word {i} of the moved region");
+            assert_eq!(
+                moved.read(i),
+                i as u64 ^ 0x5555,
+                "word {i} of the moved region"
+            );
         }
         // SAFETY: the plain mapping is ours.
         unsafe { libc::munmap(old as *mut _, len) };

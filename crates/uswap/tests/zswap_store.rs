@@ -1,6 +1,6 @@
 //! The store against a model: random store / load / invalidate / writeback /
-//! compact sequences with every page checked on load; fault injection; pool
-//! limits and hysteresis.
+//! compact sequences with every page checked on load, in every layout;
+//! fault injection; pool limits and hysteresis; folios stored as one object.
 
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -9,7 +9,9 @@ use std::time::Duration;
 use uswap::accel::{Device, DeviceConfig};
 use uswap::corpus;
 use uswap::swap::{Backing, Fault, FreeMode, MemBacking};
-use uswap::zswap::{LoadError, PoolLimit, SlotRange, StoreError, Zswap, ZswapConfig, PAGE_SIZE};
+use uswap::zswap::{
+    Layout, LoadError, PoolLimit, SlotRange, StoreError, Zswap, ZswapConfig, PAGE_SIZE,
+};
 
 /// Pages of the corpus workloads in which every page shrinks under lz4
 /// (python-pkgdb holds incompressible numpy pages; tests that want those
@@ -75,13 +77,25 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run_model(ops: &[Op], with_file: bool, engines: usize, free_mode: FreeMode) {
+/// The layouts every model test runs in: page by page, a folio as one
+/// stream, a folio as a by_n frame of 4 segments.
+const LAYOUTS: [Layout; 3] = [
+    Layout::PerPage,
+    Layout::Folio { segments: 1 },
+    Layout::Folio { segments: 4 },
+];
+
+fn run_model(ops: &[Op], with_file: bool, engines: usize, free_mode: FreeMode, layout: Layout) {
     let corpus = corpus_pages();
     let device = Arc::new(Device::new(DeviceConfig::with_engines(engines)).unwrap());
     let backing: Option<Arc<dyn Backing>> =
         with_file.then(|| Arc::new(MemBacking::new(1 << 14)) as Arc<dyn Backing>);
     // A small pool so the limit, the file and writeback all come into play.
-    let z = Zswap::new(config(96 << 10, free_mode), device, backing).unwrap();
+    let cfg = ZswapConfig {
+        layout,
+        ..config(96 << 10, free_mode)
+    };
+    let z = Zswap::new(cfg, device, backing).unwrap();
     let mut model: Vec<(SlotRange, Vec<u8>)> = Vec::new();
     for op in ops {
         match *op {
@@ -147,23 +161,30 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn store_matches_the_model_with_a_swap_file(ops in proptest::collection::vec(op(), 1..120), engines in 0usize..3) {
-        run_model(&ops, true, engines, FreeMode::Async);
+    fn store_matches_the_model_with_a_swap_file(ops in proptest::collection::vec(op(), 1..120), engines in 0usize..3, layout in 0usize..3) {
+        run_model(&ops, true, engines, FreeMode::Async, LAYOUTS[layout]);
     }
 
     #[test]
-    fn store_matches_the_model_without_a_swap_file(ops in proptest::collection::vec(op(), 1..120)) {
-        run_model(&ops, false, 2, FreeMode::Batched);
+    fn store_matches_the_model_without_a_swap_file(ops in proptest::collection::vec(op(), 1..120), layout in 0usize..3) {
+        run_model(&ops, false, 2, FreeMode::Batched, LAYOUTS[layout]);
     }
 }
 
 #[test]
 fn concurrent_stores_loads_and_invalidations_with_writeback_and_compaction() {
+    for layout in LAYOUTS {
+        concurrent_run(layout);
+    }
+}
+
+fn concurrent_run(layout: Layout) {
     let corpus = corpus_pages();
     let device = Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap());
     let backing = Arc::new(MemBacking::new(1 << 14));
     let mut cfg = config(512 << 10, FreeMode::Async);
     cfg.writeback_worker = true;
+    cfg.layout = layout;
     let z = Zswap::new(cfg, device, Some(backing)).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -212,12 +233,17 @@ fn concurrent_stores_loads_and_invalidations_with_writeback_and_compaction() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let stats = z.stats();
-    assert!(stats.written_back_pages > 0, "writeback ran");
+    assert!(stats.written_back_pages > 0, "{layout}: writeback ran");
     assert!(
         stats.pswpin > 0,
-        "written-back pages were loaded from the file"
+        "{layout}: written-back pages were loaded from the file"
     );
     assert_eq!(stats.decompress_fail, 0);
+    assert_eq!(
+        stats.folio_objects_stored > 0,
+        layout != Layout::PerPage,
+        "{layout}: folios stored whole only in a folio layout"
+    );
     z.drain_slot_caches();
     assert_eq!(z.slots_in_use(), 0);
 }
@@ -366,7 +392,11 @@ fn a_large_folio_with_a_few_incompressible_pages_is_stored_without_a_file() {
     let pool = z.pool().total_size();
     assert_eq!(store(&z, &mostly_noise), Err(StoreError::CompressPoor));
     assert_eq!(z.stats().reject_compress_poor, 15);
-    assert_eq!(z.pool().total_size(), pool, "the refused folio left nothing");
+    assert_eq!(
+        z.pool().total_size(),
+        pool,
+        "the refused folio left nothing"
+    );
 }
 
 #[test]
@@ -510,4 +540,187 @@ fn pool_limit_holds_and_hysteresis_works_both_ways() {
         store(&z, &folio(&corpus, 8, 4)).is_ok(),
         "accepted again below the threshold"
     );
+}
+
+fn folio_store(layout: Layout, backing: Option<Arc<dyn Backing>>) -> Zswap {
+    let cfg = ZswapConfig {
+        layout,
+        ..config(64 << 20, FreeMode::Immediate)
+    };
+    Zswap::new(
+        cfg,
+        Arc::new(Device::new(DeviceConfig::with_engines(2)).unwrap()),
+        backing,
+    )
+    .unwrap()
+}
+
+/// 64 KiB folios of consecutive corpus pages, as a program's memory is.
+fn corpus_folios(corpus: &[u8], n: usize) -> Vec<&[u8]> {
+    corpus.chunks_exact(16 * PAGE_SIZE).take(n).collect()
+}
+
+/// The matches between a folio's pages are found only when it is one
+/// object: on the corpus the pool holds fewer bytes that way, in both
+/// folio layouts, and every folio comes back exactly.
+#[test]
+fn a_folio_stored_as_one_object_takes_less_room_than_its_pages() {
+    let corpus = corpus_pages();
+    let folios = corpus_folios(&corpus, 256);
+    let stored_bytes = |layout: Layout| {
+        let z = folio_store(layout, None);
+        let ranges: Vec<SlotRange> = z
+            .store_batch(&folios)
+            .into_iter()
+            .map(|r| r.expect("corpus folios shrink"))
+            .collect();
+        let stats = z.stats();
+        let pages = 16 * folios.len() as u64;
+        assert_eq!(stats.zswpout + stats.swpout_zero, pages, "{layout}");
+        assert_eq!(stats.stored_pages, stats.zswpout, "{layout}");
+        assert_eq!(stats.zswpout_by_order[4] as usize, folios.len(), "{layout}");
+        let whole = stats.folio_objects_stored + stats.folio_object_fallback;
+        let expected = if layout == Layout::PerPage {
+            0
+        } else {
+            folios.len() as u64
+        };
+        assert_eq!(whole, expected, "{layout}: every folio tried whole");
+        let mut out = vec![0u8; 16 * PAGE_SIZE];
+        for (range, data) in ranges.iter().zip(&folios) {
+            z.load(*range, &mut out).unwrap();
+            assert!(out == *data, "{layout}: a folio came back different");
+        }
+        z.drain_slot_caches();
+        assert_eq!(
+            (z.slots_in_use(), z.pool().total_size()),
+            (0, 0),
+            "{layout}"
+        );
+        stats.stored_bytes
+    };
+    let per_page = stored_bytes(Layout::PerPage);
+    for layout in [Layout::Folio { segments: 1 }, Layout::Folio { segments: 4 }] {
+        let whole = stored_bytes(layout);
+        assert!(
+            whole < per_page,
+            "{layout}: {whole} bytes stored against {per_page} page by page"
+        );
+    }
+}
+
+/// A folio stored whole is read whole: a range that covers part of it is
+/// refused and leaves it intact; invalidated, its chunks and slots all go.
+#[test]
+fn part_of_a_folio_stored_whole_is_refused() {
+    let corpus = corpus_pages();
+    let z = folio_store(Layout::Folio { segments: 1 }, None);
+    let data = &corpus[..16 * PAGE_SIZE];
+    let range = store(&z, data).unwrap();
+    assert_eq!(z.stats().folio_objects_stored, 1);
+    let mut out = vec![0u8; 8 * PAGE_SIZE];
+    let head = SlotRange {
+        first: range.first,
+        pages: 8,
+    };
+    let tail = SlotRange {
+        first: range.first + 8,
+        pages: 8,
+    };
+    assert_eq!(
+        z.read(head, &mut out),
+        Err(LoadError::PartOfFolio(range.first))
+    );
+    assert_eq!(
+        z.read(tail, &mut out),
+        Err(LoadError::PartOfFolio(range.first + 8))
+    );
+    let mut whole = vec![0u8; 16 * PAGE_SIZE];
+    z.load(range, &mut whole).unwrap();
+    assert!(whole == data);
+    z.drain_slot_caches();
+    assert_eq!((z.slots_in_use(), z.pool().objects()), (0, 0));
+}
+
+/// A damaged chunk of a folio's object fails the whole folio's load, is
+/// counted, and leaves the entries where they are; no byte comes back.
+#[test]
+fn a_corrupt_chunk_of_a_folio_object_is_a_decompress_fail() {
+    let corpus = corpus_pages();
+    for layout in [Layout::Folio { segments: 1 }, Layout::Folio { segments: 4 }] {
+        let z = folio_store(layout, None);
+        let data = &corpus[16 * PAGE_SIZE..32 * PAGE_SIZE];
+        let range = store(&z, data).unwrap();
+        let victim = range.slots().last().unwrap();
+        assert!(
+            !z.corrupt_stored_object(victim),
+            "{layout}: the last slot holds no chunk"
+        );
+        let victim = range.slots().find(|&s| z.corrupt_stored_object(s)).unwrap();
+        let mut out = vec![0u8; data.len()];
+        assert_eq!(
+            z.load(range, &mut out),
+            Err(LoadError::Corrupt(victim)),
+            "{layout}"
+        );
+        assert_eq!(z.stats().decompress_fail, 1, "{layout}");
+        assert!(
+            range.slots().all(|s| z.is_stored(s)),
+            "{layout}: entries kept"
+        );
+    }
+}
+
+/// Writeback moves a folio stored whole to the file as its pages, frees
+/// every chunk, and the folio then loads from the file.
+#[test]
+fn a_folio_stored_whole_is_written_back_whole() {
+    let corpus = corpus_pages();
+    let backing: Arc<dyn Backing> = Arc::new(MemBacking::new(1 << 12));
+    let z = folio_store(Layout::Folio { segments: 1 }, Some(backing));
+    let folios = corpus_folios(&corpus, 4);
+    let ranges: Vec<SlotRange> = z
+        .store_batch(&folios)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(z.stats().folio_objects_stored, 4);
+    // First pass: every folio has its second chance; second: written.
+    let written = z.writeback(1000);
+    assert_eq!(written, 64);
+    let stats = z.stats();
+    assert_eq!((stats.written_back_pages, stats.stored_pages), (64, 0));
+    z.compact();
+    assert_eq!(z.pool().total_size(), 0, "every chunk was freed");
+    let mut out = vec![0u8; 16 * PAGE_SIZE];
+    for (range, data) in ranges.iter().zip(&folios) {
+        z.load(*range, &mut out).unwrap();
+        assert!(out == *data);
+    }
+    assert_eq!(z.stats().pswpin, 64);
+}
+
+/// A folio that would not save a page as one object (mostly noise) is
+/// stored page by page: without a swap file, refused as before.
+#[test]
+fn a_folio_that_does_not_shrink_whole_is_stored_page_by_page() {
+    let corpus = corpus_pages();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut data: Vec<u8> = (0..15 * PAGE_SIZE).map(|_| rng.gen()).collect();
+    data.extend_from_slice(&corpus[..PAGE_SIZE]);
+    let backing: Arc<dyn Backing> = Arc::new(MemBacking::new(1 << 12));
+    let z = folio_store(Layout::Folio { segments: 1 }, Some(backing));
+    let range = store(&z, &data).unwrap();
+    let stats = z.stats();
+    assert_eq!(
+        (stats.folio_objects_stored, stats.folio_object_fallback),
+        (0, 1)
+    );
+    assert_eq!(stats.stored_incompressible_pages, 15);
+    let mut out = vec![0u8; data.len()];
+    z.load(range, &mut out).unwrap();
+    assert!(out == data);
+    let z = folio_store(Layout::Folio { segments: 1 }, None);
+    assert_eq!(store(&z, &data), Err(StoreError::CompressPoor));
+    assert_eq!(z.pool().total_size(), 0);
 }

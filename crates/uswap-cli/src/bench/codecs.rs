@@ -567,16 +567,22 @@ fn byn_charts(dir: &std::path::Path, rows: &[BynRow]) -> Result<(), String> {
     let points = |f: fn(&BynRow) -> f64| -> Vec<(f64, f64)> {
         rows.iter().map(|r| (r.n as f64, f(r))).collect()
     };
-    let (codec, folio) = rows
-        .first()
-        .map_or((String::new(), String::new()), |r| (r.codec.clone(), r.folio.clone()));
+    let (codec, folio) = rows.first().map_or((String::new(), String::new()), |r| {
+        (r.codec.clone(), r.folio.clone())
+    });
     super::svg::lines(
         &dir.join("byn-latency.svg"),
         &format!("by_n: one {folio} folio as N segments ({codec}), p50"),
         ("N (segments)", "microseconds"),
         &[
-            ("compress".into(), points(|r| r.compress_ns_p50 as f64 / 1000.0)),
-            ("decompress".into(), points(|r| r.decompress_ns_p50 as f64 / 1000.0)),
+            (
+                "compress".into(),
+                points(|r| r.compress_ns_p50 as f64 / 1000.0),
+            ),
+            (
+                "decompress".into(),
+                points(|r| r.decompress_ns_p50 as f64 / 1000.0),
+            ),
         ],
     )?;
     super::svg::lines(

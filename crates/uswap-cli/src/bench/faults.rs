@@ -263,7 +263,13 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duratio
     });
     let wall = started.elapsed();
     let l = rt.fault_latency();
-    eprintln!("RUNTIME p50 {:?} p99 {:?} p999 {:?} max {:?}", l.percentile(0.5), l.percentile(0.99), l.percentile(0.999), l.percentile(1.0));
+    eprintln!(
+        "RUNTIME p50 {:?} p99 {:?} p999 {:?} max {:?}",
+        l.percentile(0.5),
+        l.percentile(0.99),
+        l.percentile(0.999),
+        l.percentile(1.0)
+    );
     let stats = rt.stats();
     eprintln!("{stats:?}");
     if stats.sigbus > 0 || stats.store.decompress_fail > 0 {

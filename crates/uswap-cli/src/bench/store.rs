@@ -2,7 +2,9 @@
 //! load throughput and latency per folio size and codec, batched (each
 //! folio's pages as batches on the engines) against sequential (page by page
 //! on the caller, as zswap stored before batching), measured in alternating
-//! rounds of one run; pool efficiency; and the slot free modes under a
+//! rounds of one run; the store layouts (a folio's pages as objects of
+//! their own, or the folio as one object) side by side: room taken, store
+//! and load latency; pool efficiency; and the slot free modes under a
 //! load-and-release loop.
 
 use super::{progress, quantile, write_json, Latency, Table};
@@ -16,7 +18,7 @@ use uswap::accel::{Device, DeviceConfig};
 use uswap::corpus::{self, Workload, PAGE_SIZE};
 use uswap::size::format_size;
 use uswap::swap::{FreeMode, SwapFile};
-use uswap::zswap::{PoolLimit, SlotRange, Zswap, ZswapConfig};
+use uswap::zswap::{Layout, PoolLimit, SlotRange, Zswap, ZswapConfig};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,6 +46,10 @@ pub struct Args {
     /// (default: the system's temporary directory).
     #[arg(long, value_parser = args::existing_dir)]
     swap_dir: Option<PathBuf>,
+    /// Store layouts compared on the folio sizes above 4k: page, folio,
+    /// byn:N.
+    #[arg(long, default_value = "page,folio,byn:4", value_parser = args::layout, value_delimiter = ',')]
+    layouts: Vec<Layout>,
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -68,6 +74,32 @@ struct StoreRow {
     load_p99_us: f64,
     store_vs_sequential: f64,
     load_vs_sequential: f64,
+}
+
+#[derive(Serialize, Clone)]
+struct LayoutRow {
+    folio: String,
+    codec: String,
+    layout: String,
+    folios: usize,
+    /// Bytes of the folios stored.
+    original_bytes: u64,
+    /// Bytes of the objects in the pool, and of the pool's pages.
+    stored_bytes: u64,
+    pool_bytes: u64,
+    /// original_bytes / pool_bytes: what the memory holds per byte it spends.
+    ratio: f64,
+    /// ratio against the first layout's.
+    ratio_vs_first: f64,
+    /// Folios stored as one object, and those that fell back to pages.
+    whole: u64,
+    fallback: u64,
+    store_p50_us: f64,
+    store_p99_us: f64,
+    load_p50_us: f64,
+    load_p99_us: f64,
+    store_pages_per_s: f64,
+    load_pages_per_s: f64,
 }
 
 #[derive(Serialize)]
@@ -95,6 +127,7 @@ struct FreeModeRow {
 struct Report {
     corpus: String,
     store: Vec<StoreRow>,
+    layouts: Vec<LayoutRow>,
     pool: PoolRow,
     free_modes: Vec<FreeModeRow>,
 }
@@ -121,6 +154,24 @@ fn new_store(
     free_mode: FreeMode,
     swap_dir: &Path,
 ) -> Result<Zswap, String> {
+    new_store_in(
+        codec,
+        device,
+        batching,
+        free_mode,
+        swap_dir,
+        Layout::PerPage,
+    )
+}
+
+fn new_store_in(
+    codec: &str,
+    device: Arc<Device>,
+    batching: bool,
+    free_mode: FreeMode,
+    swap_dir: &Path,
+    layout: Layout,
+) -> Result<Zswap, String> {
     let file = SwapFile::create(swap_dir, SWAP_FILE_BYTES).map_err(|e| e.to_string())?;
     let config = ZswapConfig {
         compressor: codec.to_string(),
@@ -128,6 +179,7 @@ fn new_store(
         free_mode,
         batching,
         writeback_worker: false,
+        layout,
         ..ZswapConfig::default()
     };
     Zswap::new(config, device, Some(Arc::new(file))).map_err(|e| e.to_string())
@@ -230,6 +282,103 @@ fn measure_store(
     bat_row.store_vs_sequential = bat_row.store_pages_per_s / seq_row.store_pages_per_s;
     bat_row.load_vs_sequential = bat_row.load_pages_per_s / seq_row.load_pages_per_s;
     Ok([seq_row, bat_row])
+}
+
+/// Each layout on the same folios, batched on the same device: the room
+/// taken (one untimed pass that stores everything, then loads and checks
+/// it), then store and load latency in rounds that rotate the layouts'
+/// order.
+fn measure_layouts(
+    codec: &str,
+    config: &DeviceConfig,
+    folios: &[&[u8]],
+    layouts: &[Layout],
+    rounds: u32,
+    swap_dir: &Path,
+) -> Result<Vec<LayoutRow>, String> {
+    let device = Arc::new(Device::new(config.clone()).map_err(|e| e.to_string())?);
+    let stores: Vec<Zswap> = layouts
+        .iter()
+        .map(|&l| {
+            new_store_in(
+                codec,
+                device.clone(),
+                true,
+                FreeMode::Immediate,
+                swap_dir,
+                l,
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let per_call = (device.batch_size() / (folios[0].len() / PAGE_SIZE)).max(1);
+    let original_bytes: u64 = folios.iter().map(|f| f.len() as u64).sum();
+    let mut rows = Vec::new();
+    for (&layout, z) in layouts.iter().zip(&stores) {
+        let ranges: Vec<SlotRange> = z
+            .store_batch(folios)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("store failed: {e}"))?;
+        let st = z.stats();
+        let mut buf = vec![0u8; folios[0].len()];
+        for (range, folio) in ranges.iter().zip(folios) {
+            z.load(*range, &mut buf)
+                .map_err(|e| format!("load failed: {e}"))?;
+            if buf != **folio {
+                return Err(format!(
+                    "{layout}: a loaded folio differs from the stored one"
+                ));
+            }
+        }
+        rows.push(LayoutRow {
+            folio: format_size(folios[0].len() as u64),
+            codec: codec.to_string(),
+            layout: layout.to_string(),
+            folios: folios.len(),
+            original_bytes,
+            stored_bytes: st.stored_bytes,
+            pool_bytes: st.pool_total_size,
+            ratio: original_bytes as f64 / st.pool_total_size.max(1) as f64,
+            ratio_vs_first: 1.0,
+            whole: st.folio_objects_stored,
+            fallback: st.folio_object_fallback,
+            store_p50_us: 0.0,
+            store_p99_us: 0.0,
+            load_p50_us: 0.0,
+            load_p99_us: 0.0,
+            store_pages_per_s: 0.0,
+            load_pages_per_s: 0.0,
+        });
+    }
+    let mut samples: Vec<Samples> = layouts
+        .iter()
+        .map(|_| Samples {
+            store_ns: Vec::new(),
+            load_ns: Vec::new(),
+            store_total: 0.0,
+            load_total: 0.0,
+            pages: 0,
+        })
+        .collect();
+    for r in 0..rounds as usize {
+        for k in 0..layouts.len() {
+            let i = (k + r) % layouts.len();
+            round(&stores[i], folios, per_call, &mut samples[i])?;
+        }
+    }
+    let first_ratio = rows[0].ratio;
+    for (row, s) in rows.iter_mut().zip(&mut samples) {
+        s.store_ns.sort_unstable();
+        s.load_ns.sort_unstable();
+        row.ratio_vs_first = row.ratio / first_ratio;
+        row.store_p50_us = us(quantile(&s.store_ns, 0.5));
+        row.store_p99_us = us(quantile(&s.store_ns, 0.99));
+        row.load_p50_us = us(quantile(&s.load_ns, 0.5));
+        row.load_p99_us = us(quantile(&s.load_ns, 0.99));
+        row.store_pages_per_s = s.pages as f64 / s.store_total;
+        row.load_pages_per_s = s.pages as f64 / s.load_total;
+    }
+    Ok(rows)
 }
 
 fn measure_pool(codec: &str, pages: &[&[u8]], swap_dir: &Path) -> Result<PoolRow, String> {
@@ -336,7 +485,8 @@ pub fn run(args: &Args) -> Result<(), String> {
     let workloads = corpus::load_dir(&dir).map_err(|e| format!("loading the corpus: {e}"))?;
     let device_config = args.device.config();
     let swap_dir = args.swap_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let steps = args.codecs.len() * args.folios.len() + 1 + 3;
+    let large = args.folios.iter().filter(|&&f| f > PAGE_SIZE).count();
+    let steps = args.codecs.len() * (args.folios.len() + large) + 1 + 3;
     let bar = progress(steps as u64, "store");
 
     let mut rows = Vec::new();
@@ -348,6 +498,22 @@ pub fn run(args: &Args) -> Result<(), String> {
                 codec,
                 &device_config,
                 &folios,
+                args.rounds,
+                &swap_dir,
+            )?);
+            bar.inc(1);
+        }
+    }
+    let mut layout_rows = Vec::new();
+    for codec in &args.codecs {
+        for &size in args.folios.iter().filter(|&&f| f > PAGE_SIZE) {
+            bar.set_message(format!("layouts {codec} {}", format_size(size as u64)));
+            let folios = folios_of(&workloads, size);
+            layout_rows.extend(measure_layouts(
+                codec,
+                &device_config,
+                &folios,
+                &args.layouts,
                 args.rounds,
                 &swap_dir,
             )?);
@@ -420,6 +586,43 @@ pub fn run(args: &Args) -> Result<(), String> {
     t.print(&format!("Store and load on {} (latency per folio; 2M folios are runs of 512 consecutive sampled pages)", dir.display()));
 
     let mut t = Table::new(&[
+        "folio",
+        "codec",
+        "layout",
+        "ratio",
+        "vs first",
+        "whole",
+        "fallback",
+        "store p50 us",
+        "store p99 us",
+        "load p50 us",
+        "load p99 us",
+        "store pages/s",
+        "load pages/s",
+    ]);
+    for r in &layout_rows {
+        t.row(vec![
+            r.folio.clone(),
+            r.codec.clone(),
+            r.layout.clone(),
+            format!("{:.3}", r.ratio),
+            format!("{:.3}", r.ratio_vs_first),
+            r.whole.to_string(),
+            r.fallback.to_string(),
+            format!("{:.1}", r.store_p50_us),
+            format!("{:.1}", r.store_p99_us),
+            format!("{:.1}", r.load_p50_us),
+            format!("{:.1}", r.load_p99_us),
+            format!("{:.0}", r.store_pages_per_s),
+            format!("{:.0}", r.load_pages_per_s),
+        ]);
+    }
+    t.print(&format!(
+        "Layouts, batched on {} engines (ratio: folio bytes per pool byte; latency per folio)",
+        device_config.engines
+    ));
+
+    let mut t = Table::new(&[
         "codec",
         "objects",
         "stored bytes",
@@ -461,6 +664,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             &Report {
                 corpus: dir.display().to_string(),
                 store: rows,
+                layouts: layout_rows,
                 pool,
                 free_modes: free_rows,
             },

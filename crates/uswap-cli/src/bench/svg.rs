@@ -14,11 +14,7 @@ fn err(e: impl std::fmt::Display) -> String {
 /// Latency distributions, one line per series: the share of samples
 /// (nanoseconds) slower than x, both axes logarithmic, so that p50, p99 and
 /// p99.9 are where a line crosses 0.5, 0.01 and 0.001 (drawn as guides).
-pub fn latency_tail(
-    path: &Path,
-    title: &str,
-    series: &[(String, Vec<u64>)],
-) -> Result<(), String> {
+pub fn latency_tail(path: &Path, title: &str, series: &[(String, Vec<u64>)]) -> Result<(), String> {
     let us = |ns: u64| (ns as f64 / 1000.0).max(0.1);
     let max_us = series
         .iter()

@@ -160,10 +160,16 @@ mod tests {
         assert!(is_library_bss(&data, &bss));
         let exe = parse_line("55550000-55551000 rw-p 00003000 08:01 77  /usr/bin/prog").unwrap();
         let exe_bss = parse_line("55551000-55552000 rw-p 00000000 00:00 0 ").unwrap();
-        assert!(!is_library_bss(&exe, &exe_bss), "the program's own .bss is managed");
+        assert!(
+            !is_library_bss(&exe, &exe_bss),
+            "the program's own .bss is managed"
+        );
         let apart = parse_line("7f1000003000-7f100000f000 rw-p 00000000 00:00 0 ").unwrap();
         assert!(!is_library_bss(&data, &apart), "not adjacent");
         let huge = parse_line("7f1000002000-7f1040002000 rw-p 00000000 00:00 0 ").unwrap();
-        assert!(!is_library_bss(&data, &huge), "program memory merged into it");
+        assert!(
+            !is_library_bss(&data, &huge),
+            "program memory merged into it"
+        );
     }
 }

@@ -3,6 +3,7 @@
 use crate::page::PAGE_SIZE;
 use crate::size::parse_size;
 use crate::swap::FreeMode;
+use crate::zswap::Layout;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -54,6 +55,9 @@ pub struct RuntimeConfig {
     /// place: no event, so none to tell from the program's (see
     /// `mm/scratch.rs`). Other processes' pages are always dropped in place.
     pub discard_by_move: bool,
+    /// How the store keeps a folio's pages: one object per page, or the
+    /// folio as one object (see `zswap::Layout`).
+    pub layout: Layout,
 }
 
 impl Default for RuntimeConfig {
@@ -76,6 +80,7 @@ impl Default for RuntimeConfig {
             event_spin: Duration::ZERO,
             serve_forks: true,
             discard_by_move: true,
+            layout: Layout::PerPage,
         }
     }
 }
@@ -116,7 +121,7 @@ impl RuntimeConfig {
         if self.memory_high < fs {
             return Err(BadConfig("memory_high must hold at least one folio".into()));
         }
-        Ok(())
+        self.layout.validate().map_err(|e| BadConfig(e.0))
     }
 }
 
@@ -217,6 +222,12 @@ impl Builder {
     /// Sets the accept threshold.
     pub fn accept_threshold_percent(mut self, percent: u8) -> Builder {
         self.config.accept_threshold_percent = percent;
+        self
+    }
+
+    /// Sets how the store keeps a folio's pages.
+    pub fn layout(mut self, layout: Layout) -> Builder {
+        self.config.layout = layout;
         self
     }
 

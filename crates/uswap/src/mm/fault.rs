@@ -594,8 +594,8 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
         match folio::state(w) {
             UNTOUCHED | SWAPPED => {
                 if own && !room {
-                    let behind = !server.may_wait()
-                        && shared.waiting_for_room.load(Ordering::Acquire) > 0;
+                    let behind =
+                        !server.may_wait() && shared.waiting_for_room.load(Ordering::Acquire) > 0;
                     if behind || must_throttle(shared, region.folio_size) {
                         return if server.may_wait() {
                             Step::WaitForRoom(region.folio_size)

@@ -60,8 +60,8 @@ mod fork;
 mod latency;
 pub mod memory;
 mod reclaim;
-mod scratch;
 mod region;
+mod scratch;
 mod space;
 mod swapin;
 pub mod uffd;
@@ -216,6 +216,7 @@ impl Runtime {
             free_mode: config.slot_free,
             batching: true,
             writeback_worker: true,
+            layout: config.layout,
             ..ZswapConfig::default()
         };
         let store = Zswap::new(store_config, device, backing)

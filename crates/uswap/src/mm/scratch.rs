@@ -116,7 +116,12 @@ impl Scratch {
         // On our own private mapping this fails only on a bug; the next move
         // would then find pages there (EEXIST) and the caller would drop in
         // place, so nothing is lost, but it must not pass unseen.
-        assert_eq!(r, 0, "dropping the scratch: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            r,
+            0,
+            "dropping the scratch: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

@@ -7,12 +7,23 @@
 //! Entry word layout:
 //!
 //! ```text
-//! bits 63..60  kind: EMPTY, SAME, POOL, FILE, BUSY, STALE
+//! bits 63..60  kind: EMPTY, SAME, POOL, FILE, BUSY, STALE, WHOLE
 //! SAME:  bits 7..0 the fill byte
 //! POOL:  bits 31..0 pool handle, bits 44..32 stored length, bit 45 raw
 //! BUSY:  a load, invalidate or writeback owns the slot for a moment
 //! STALE: bits 31..0 the pool handle of a loaded page, freed with the slot
+//! WHOLE: a page of a folio stored as one object (see `Part`):
+//!        bits 31..0 pool handle and bits 44..32 length of the object's
+//!        chunk this slot holds (length 0: none), bits 53..45 the page's
+//!        place in the folio, bits 57..54 the folio's order, bit 58 the
+//!        object is a by_n frame
 //! ```
+//!
+//! A folio stored as one object of L bytes keeps it in ceil(L / 4096)
+//! chunks, chunk k in the pool under the folio's slot k, every chunk but the
+//! last a whole 4096 bytes: read back in order into one buffer at 4096-byte
+//! steps, they are the object again. The folio's other slots hold no chunk.
+//! Each chunk has its own checksum in its slot's checksum word.
 
 use crate::zpool::Handle;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -24,7 +35,11 @@ const POOL: u64 = 2;
 const FILE: u64 = 3;
 const BUSY: u64 = 4;
 const STALE: u64 = 5;
+const WHOLE: u64 = 6;
 const RAW_BIT: u64 = 1 << 45;
+const AT_SHIFT: u32 = 45;
+const ORDER_SHIFT: u32 = 54;
+const FRAMED_BIT: u64 = 1 << 58;
 
 /// What a slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +60,29 @@ pub(crate) enum Entry {
     /// Loaded; the pool object is freed when the slot is (off the fault
     /// path, by the slot release mode).
     Stale(Handle),
+    /// A page of a folio stored as one compressed object.
+    Whole(Part),
+}
+
+/// One slot's share of a folio stored as one object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// The page's place in the folio: the folio's first slot is this slot
+    /// less `at`, and the chunk this slot holds (if any) is chunk `at`.
+    pub at: usize,
+    /// The folio holds 2^order pages.
+    pub order: usize,
+    /// The object is a by_n frame (segments decompressed in parallel).
+    pub framed: bool,
+    /// The object's chunk kept under this slot: pool handle and length.
+    pub chunk: Option<(Handle, usize)>,
+}
+
+impl Part {
+    /// Pages in the folio.
+    pub fn pages(self) -> usize {
+        1 << self.order
+    }
 }
 
 impl Entry {
@@ -61,6 +99,17 @@ impl Entry {
             Entry::File => FILE << KIND_SHIFT,
             Entry::Busy => BUSY << KIND_SHIFT,
             Entry::Stale(handle) => STALE << KIND_SHIFT | handle.to_raw() as u64,
+            Entry::Whole(part) => {
+                let (handle, len) = part
+                    .chunk
+                    .map_or((0, 0), |(h, len)| (h.to_raw() as u64, len as u64));
+                WHOLE << KIND_SHIFT
+                    | if part.framed { FRAMED_BIT } else { 0 }
+                    | (part.order as u64) << ORDER_SHIFT
+                    | (part.at as u64) << AT_SHIFT
+                    | len << 32
+                    | handle
+            }
         }
     }
 
@@ -75,6 +124,15 @@ impl Entry {
             FILE => Entry::File,
             BUSY => Entry::Busy,
             STALE => Entry::Stale(Handle::from_raw(word as u32)),
+            WHOLE => {
+                let len = ((word >> 32) & 0x1fff) as usize;
+                Entry::Whole(Part {
+                    at: ((word >> AT_SHIFT) & 0x1ff) as usize,
+                    order: ((word >> ORDER_SHIFT) & 0xf) as usize,
+                    framed: word & FRAMED_BIT != 0,
+                    chunk: (len > 0).then(|| (Handle::from_raw(word as u32), len)),
+                })
+            }
             _ => Entry::Empty,
         }
     }

@@ -9,10 +9,10 @@
 //! the fault path, by the slot release mode), as the kernel frees a zswap
 //! entry with its swap slot.
 
-use super::index::Entry;
+use super::index::{Entry, Part};
 use super::stats::bump;
 use super::{Inner, LoadError, SlotRange, PAGE_SIZE};
-use crate::accel::Job;
+use crate::accel::{byn, Job};
 use std::cell::RefCell;
 
 thread_local! {
@@ -45,7 +45,7 @@ impl Inner {
         let (mut pooled, mut same, mut filed) = (0, 0, 0);
         for &(_, entry) in &claimed {
             match entry {
-                Entry::Pool { .. } => pooled += 1,
+                Entry::Pool { .. } | Entry::Whole(_) => pooled += 1,
                 Entry::Same(_) => same += 1,
                 Entry::File => filed += 1,
                 Entry::Empty | Entry::Busy | Entry::Stale(_) => {
@@ -76,7 +76,7 @@ impl Inner {
         true
     }
 
-    fn unclaim(&self, claimed: &[(u32, Entry)]) {
+    pub(crate) fn unclaim(&self, claimed: &[(u32, Entry)]) {
         for &(slot, entry) in claimed {
             self.index.release(slot, entry);
         }
@@ -89,6 +89,22 @@ impl Inner {
             let mut scratch = scratch.borrow_mut();
             if scratch.len() < dst.len() {
                 scratch.resize(dst.len(), 0);
+            }
+            // Folios stored whole first, each as one object.
+            let mut k = 0;
+            while k < claimed.len() {
+                let (slot, entry) = claimed[k];
+                let Entry::Whole(part) = entry else {
+                    k += 1;
+                    continue;
+                };
+                let end = k + part.pages();
+                if part.at != 0 || end > claimed.len() {
+                    return Err(LoadError::PartOfFolio(slot));
+                }
+                let span = k * PAGE_SIZE..end * PAGE_SIZE;
+                self.read_whole(&claimed[k..end], &mut scratch[span.clone()], &mut dst[span])?;
+                k = end;
             }
             let mut jobs: Vec<Job<'_>> = Vec::new();
             let mut job_slots: Vec<u32> = Vec::new();
@@ -127,6 +143,7 @@ impl Inner {
                             job_slots.push(slot);
                         }
                     }
+                    Entry::Whole(_) => {}
                     Entry::Empty | Entry::Busy | Entry::Stale(_) => {
                         unreachable!("claimed entries hold data")
                     }
@@ -161,8 +178,67 @@ impl Inner {
         })
     }
 
+    /// Reconstructs a folio stored as one object from its claimed slots,
+    /// `members` (the folio's, in order), into `out`, with `stored` (as long
+    /// as `out`) to gather the object's chunks in. Every chunk's checksum is
+    /// checked before the object is decompressed.
+    pub(crate) fn read_whole(
+        &self,
+        members: &[(u32, Entry)],
+        stored: &mut [u8],
+        out: &mut [u8],
+    ) -> Result<(), LoadError> {
+        let (head, Entry::Whole(first)) = members[0] else {
+            unreachable!("a whole folio starts with its first part")
+        };
+        let mut len = 0;
+        for (j, &(slot, entry)) in members.iter().enumerate() {
+            let Entry::Whole(part) = entry else {
+                return Err(LoadError::PartOfFolio(slot));
+            };
+            if part.at != j || part.order != first.order {
+                return Err(LoadError::PartOfFolio(slot));
+            }
+            if let Part {
+                chunk: Some((handle, chunk_len)),
+                ..
+            } = part
+            {
+                // Chunks are whole pages but the last, in order from the
+                // first slot: gathered at page steps, they are contiguous.
+                if len != j * PAGE_SIZE {
+                    bump(&self.counters.decompress_fail, 1);
+                    return Err(LoadError::Corrupt(slot));
+                }
+                let chunk = &mut stored[len..len + chunk_len];
+                self.pool.read(handle, chunk);
+                if crc32c::crc32c(chunk) != self.index.crc(slot) {
+                    bump(&self.counters.decompress_fail, 1);
+                    return Err(LoadError::Corrupt(slot));
+                }
+                len += chunk_len;
+            }
+        }
+        let object = &stored[..len];
+        let decoded = if first.framed {
+            // As for a folio stored page by page (`load_batch_min_pages`).
+            let on_engines = first.pages() >= self.load_batch_min_pages
+                && self.batching
+                && self.device.has_batching();
+            let device = if on_engines { &self.device } else { &self.here };
+            byn::decompress(device, self.codec.as_ref(), object, out)
+        } else {
+            self.codec.decompress(object, out)
+        };
+        decoded.map_err(|_| {
+            bump(&self.counters.decompress_fail, 1);
+            LoadError::Corrupt(head)
+        })
+    }
+
     /// Drops one user of each slot of the folio; the last user's drop frees
-    /// the entry and the slot.
+    /// the entry and the slot. A folio stored as one object is invalidated
+    /// whole: what is left of one invalidated in part cannot be read.
     pub(crate) fn invalidate(&self, range: SlotRange) {
         for slot in range.slots() {
             if !self.index.drop_user(slot) {
@@ -174,6 +250,14 @@ impl Inner {
                     self.account_pool_object(len, raw, false);
                     // The object goes when the slot does (see the free hook).
                     self.index.release(slot, Entry::Stale(handle));
+                }
+                Entry::Whole(part) => {
+                    self.account_pool_object(part.chunk.map_or(0, |(_, len)| len), false, false);
+                    self.index.release(
+                        slot,
+                        part.chunk
+                            .map_or(Entry::Empty, |(handle, _)| Entry::Stale(handle)),
+                    );
                 }
                 Entry::Same(_) | Entry::File | Entry::Busy | Entry::Stale(_) => {
                     self.index.release(slot, Entry::Empty)

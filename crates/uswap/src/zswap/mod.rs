@@ -4,7 +4,13 @@
 //! folio a contiguous run of swap slots, records same-filled pages without
 //! compressing them, compresses every other page of every folio of the batch
 //! on the `accel` device, and copies the results into the `zpool`. A folio
-//! is stored all or nothing. [`Zswap::read`] brings a folio back (one
+//! is stored all or nothing. With [`Layout::Folio`] a folio of several pages
+//! is compressed as one object instead (one stream, or a by_n frame whose
+//! segments the engines decompress in parallel), which finds the matches
+//! between its pages that page-sized objects cannot; a folio that would not
+//! save a page that way is stored page by page. Such a folio is read and
+//! invalidated whole (the runtime above never does otherwise; partial
+//! operations on its memory are its own bookkeeping). [`Zswap::read`] brings a folio back (one
 //! decompression batch) and leaves its entries; [`Zswap::invalidate`] frees
 //! them once the caller has put the bytes back. A fork shares entries
 //! ([`Zswap::share`]): each slot counts its users, like the kernel's
@@ -87,6 +93,9 @@ pub enum LoadError {
     Corrupt(u32),
     /// Reading the swap file failed.
     Io(u32),
+    /// The range covers only part of a folio stored as one object (the slot
+    /// is in that folio): such a folio is read whole.
+    PartOfFolio(u32),
 }
 
 impl fmt::Display for StoreError {
@@ -101,6 +110,10 @@ impl fmt::Display for LoadError {
             LoadError::NotStored(s) => write!(f, "slot {s} holds nothing"),
             LoadError::Corrupt(s) => write!(f, "slot {s}: stored object is corrupt"),
             LoadError::Io(s) => write!(f, "slot {s}: swap file read failed"),
+            LoadError::PartOfFolio(s) => write!(
+                f,
+                "slot {s}: part of a folio stored as one object, which is read whole"
+            ),
         }
     }
 }
@@ -135,6 +148,72 @@ impl PoolLimit {
     }
 }
 
+/// How the pages of a folio of several pages are kept in the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Every page compressed on its own, one object per page, as the
+    /// kernel's zswap stores a large folio.
+    PerPage,
+    /// The whole folio compressed as one object: one stream when `segments`
+    /// is 1, otherwise a by_n frame of that many segments (a power of two up
+    /// to 64) compressed and decompressed in parallel on the engines. A
+    /// folio whose pages are all same-filled, or that would not save a page
+    /// as one object, is stored page by page.
+    Folio {
+        /// Segments of the by_n frame; 1 for a single stream.
+        segments: usize,
+    },
+}
+
+impl Layout {
+    /// Checks the segment count.
+    pub fn validate(self) -> Result<(), ConfigError> {
+        match self {
+            Layout::Folio { segments }
+                if !segments.is_power_of_two() || segments > codec::byn::MAX_SEGMENTS =>
+            {
+                Err(ConfigError(format!(
+                    "by_n segments must be a power of two from 1 to {}, not {segments}",
+                    codec::byn::MAX_SEGMENTS
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = ConfigError;
+
+    /// `page`, `folio`, or `byn:N` (a folio as a by_n frame of N segments).
+    fn from_str(s: &str) -> Result<Layout, ConfigError> {
+        let layout = match s {
+            "page" => Layout::PerPage,
+            "folio" => Layout::Folio { segments: 1 },
+            _ => match s.strip_prefix("byn:").map(str::parse::<usize>) {
+                Some(Ok(segments)) if segments > 1 => Layout::Folio { segments },
+                _ => {
+                    return Err(ConfigError(format!(
+                        "bad layout {s:?}: expected page, folio or byn:N (N from 2 to {})",
+                        codec::byn::MAX_SEGMENTS
+                    )))
+                }
+            },
+        };
+        layout.validate().map(|()| layout)
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Layout::PerPage => f.write_str("page"),
+            Layout::Folio { segments: 1 } => f.write_str("folio"),
+            Layout::Folio { segments } => write!(f, "byn:{segments}"),
+        }
+    }
+}
+
 /// Configuration of the store.
 #[derive(Debug, Clone)]
 pub struct ZswapConfig {
@@ -160,6 +239,8 @@ pub struct ZswapConfig {
     /// compressed pages; below that the round trip to the engines costs more
     /// than the parallelism saves (measured with `uswap bench store`).
     pub load_batch_min_pages: usize,
+    /// Pages compressed one by one, or folios as one object.
+    pub layout: Layout,
 }
 
 /// Physical memory of this machine, in bytes.
@@ -188,6 +269,7 @@ impl Default for ZswapConfig {
             batching: true,
             writeback_worker: true,
             load_batch_min_pages: 64,
+            layout: Layout::PerPage,
         }
     }
 }
@@ -196,6 +278,9 @@ impl Default for ZswapConfig {
 pub(crate) struct Inner {
     codec: Arc<dyn Codec>,
     device: Arc<Device>,
+    /// No engines: by_n frames of folios too small to pay for the engines'
+    /// round trip are decompressed on the caller, segment after segment.
+    here: Device,
     pool: Arc<Pool>,
     index: Arc<Index>,
     allocator: Arc<SlotAllocator>,
@@ -206,6 +291,7 @@ pub(crate) struct Inner {
     accept_below: usize,
     batching: bool,
     load_batch_min_pages: usize,
+    layout: Layout,
     /// Set when the pool hit its limit; cleared when it drains below the
     /// accept threshold (the kernel's `zswap_pool_reached_full`).
     pool_full: AtomicBool,
@@ -249,6 +335,7 @@ impl Zswap {
                 "accept_threshold_percent must be at most 100".into(),
             ));
         }
+        config.layout.validate()?;
         let slots = backing.as_ref().map_or(config.slots, |b| b.slots());
         if slots == 0 {
             return Err(ConfigError("the swap space has no slots".into()));
@@ -273,6 +360,7 @@ impl Zswap {
         let inner = Arc::new(Inner {
             codec,
             device,
+            here: Device::synchronous(),
             pool,
             index,
             allocator,
@@ -283,6 +371,7 @@ impl Zswap {
             accept_below: max_pool / 100 * config.accept_threshold_percent as usize,
             batching: config.batching,
             load_batch_min_pages: config.load_batch_min_pages.max(2),
+            layout: config.layout,
             pool_full: AtomicBool::new(false),
             stored_pages: AtomicU64::new(0),
             stored_raw_pages: AtomicU64::new(0),
@@ -383,12 +472,17 @@ impl Zswap {
         &self.inner.releaser
     }
 
-    /// Fault injection: corrupts the stored object of `slot` if it has one;
+    /// Fault injection: corrupts the stored object of `slot` if it has one
+    /// (for a folio stored whole, the chunk of its object the slot holds);
     /// returns whether it did.
     #[cfg(feature = "fault-injection")]
     pub fn corrupt_stored_object(&self, slot: u32) -> bool {
         match self.inner.index.get(slot) {
-            index::Entry::Pool { handle, len, .. } => {
+            index::Entry::Pool { handle, len, .. }
+            | index::Entry::Whole(index::Part {
+                chunk: Some((handle, len)),
+                ..
+            }) => {
                 self.inner.pool.corrupt(handle, len / 2);
                 true
             }

@@ -102,6 +102,12 @@ counters! {
     decompress_fail,
     /// Pages moved from the pool to the swap file by writeback (debugfs name).
     written_back_pages,
+    /// Folios stored as one compressed object (`Layout::Folio`); their
+    /// pages count in `zswpout` too.
+    folio_objects_stored,
+    /// Folios that would not have saved a page as one object and were
+    /// stored page by page instead.
+    folio_object_fallback,
     /// Writes to the swap file that failed (ENOSPC, EIO, short writes).
     swap_write_errors,
     /// Reads from the swap file that failed.

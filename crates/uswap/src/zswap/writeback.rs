@@ -2,9 +2,10 @@
 //! and the worker that moves cold entries to the swap file when the pool is
 //! at its limit.
 
-use super::index::{Entry, Index, IN_LRU, REFERENCED};
+use super::index::{Entry, Index, Part, IN_LRU, REFERENCED};
 use super::stats::bump;
 use super::{Inner, PAGE_SIZE};
+use crate::swap::Backing;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Condvar, Mutex};
@@ -95,9 +96,9 @@ impl Inner {
                 break;
             };
             let entry = self.index.get(slot);
-            let Entry::Pool { handle, len, raw } = entry else {
+            if !matches!(entry, Entry::Pool { .. } | Entry::Whole(Part { at: 0, .. })) {
                 continue;
-            };
+            }
             let flags = &self.index.lru_flags[slot as usize];
             if flags.fetch_and(!REFERENCED, Ordering::AcqRel) & REFERENCED != 0 {
                 // Second chance: back to the tail, unreferenced.
@@ -106,6 +107,16 @@ impl Inner {
                 }
                 continue;
             }
+            if let Entry::Whole(part) = entry {
+                match self.write_back_whole(backing.as_ref(), slot, part) {
+                    Ok(pages) => written += pages,
+                    Err(Stop) => break,
+                }
+                continue;
+            }
+            let Entry::Pool { handle, len, raw } = entry else {
+                unreachable!("checked above")
+            };
             if !self.index.claim_if(slot, entry) {
                 continue;
             }
@@ -140,7 +151,67 @@ impl Inner {
         }
         written
     }
+
+    /// Writes back a folio stored as one object, found by its first slot:
+    /// claims every slot of the folio, decompresses the object, writes each
+    /// page to its slot and only then frees the chunks. Returns the pages
+    /// written (0 when the folio changed under us or is corrupt, which its
+    /// load will report); `Stop` when the swap file refused a write.
+    fn write_back_whole(
+        &self,
+        backing: &dyn Backing,
+        first: u32,
+        head: Part,
+    ) -> Result<usize, Stop> {
+        let pages = head.pages();
+        let mut members: Vec<(u32, Entry)> = Vec::with_capacity(pages);
+        for at in 0..pages {
+            let slot = first + at as u32;
+            let entry = self.index.get(slot);
+            let belongs = matches!(entry, Entry::Whole(p) if p.at == at && p.order == head.order);
+            if !belongs || !self.index.claim_if(slot, entry) {
+                self.unclaim(&members);
+                return Ok(0);
+            }
+            members.push((slot, entry));
+        }
+        let mut stored = vec![0u8; pages * PAGE_SIZE];
+        let mut folio = vec![0u8; pages * PAGE_SIZE];
+        if self.read_whole(&members, &mut stored, &mut folio).is_err() {
+            // Left in place: its load reports the corruption.
+            self.unclaim(&members);
+            return Ok(0);
+        }
+        for (&(slot, _), page) in members.iter().zip(folio.chunks(PAGE_SIZE)) {
+            if backing.write_page(slot, page).is_err() {
+                bump(&self.counters.swap_write_errors, 1);
+                self.unclaim(&members);
+                self.lru.add(&self.index, first);
+                return Err(Stop);
+            }
+        }
+        for (&(slot, entry), page) in members.iter().zip(folio.chunks(PAGE_SIZE)) {
+            self.index.publish(slot, Entry::File, crc32c::crc32c(page));
+            let Entry::Whole(part) = entry else {
+                unreachable!("members are parts")
+            };
+            if let Some((handle, len)) = part.chunk {
+                self.pool.free(handle);
+                self.account_pool_object(len, false, false);
+            } else {
+                self.account_pool_object(0, false, false);
+            }
+        }
+        let n = pages as u64;
+        bump(&self.counters.zswpwb, n);
+        bump(&self.counters.written_back_pages, n);
+        bump(&self.counters.pswpout, n);
+        Ok(pages)
+    }
 }
+
+/// The swap file refused a write: writing back stops for now.
+struct Stop;
 
 /// Waits for requests; on each, writes back (and compacts) until the pool is
 /// below its accept threshold or nothing more can be moved.
