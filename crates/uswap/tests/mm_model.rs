@@ -11,7 +11,9 @@
 //! `USWAP_MODEL_OPS` (operations per case, default 800) and
 //! `USWAP_MODEL_SEEDS` (seeds per case, default 3) make it a soak;
 //! `USWAP_MODEL_SEED` picks the first seed (to replay a failure);
-//! `USWAP_MODEL_TRACE=1` prints every operation.
+//! `USWAP_MODEL_TRACE=1` prints every operation. Large folios are stored
+//! page by page, as one object or as a by_n frame, by turns from seed to
+//! seed; `USWAP_MODEL_LAYOUT` (page, folio, byn:N) holds one.
 
 mod common;
 
@@ -22,6 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use uswap::mm::{Region, Runtime, RuntimeConfig};
+use uswap::zswap::Layout;
 
 const PAGE: usize = 4096;
 const WORDS: usize = PAGE / 8;
@@ -482,11 +485,12 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
+fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) {
     let high = if folio >= 2 * MIB { 6 * MIB } else { 2 * MIB };
     let rt = Runtime::new(RuntimeConfig {
         memory_high: high,
         folio_size: folio,
+        layout,
         swap_file: swap_file.then(|| (std::env::temp_dir(), 256 << 20)),
         max_pool_bytes: Some(64 << 20),
         ..RuntimeConfig::default()
@@ -553,11 +557,12 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
     }
     let stats = case.rt.stats();
     eprintln!(
-        "folio {folio} file {swap_file} seed {seed}: {ops} operations {:?}, worker words {}, page round trips {} in / {} out, {:?}",
+        "folio {folio} {layout} file {swap_file} seed {seed}: {ops} operations {:?}, worker words {}, page round trips {} in / {} out, folios stored whole {}, {:?}",
         case.ops,
         worker_ops.load(Ordering::Relaxed),
         stats.store.zswpin + stats.store.pswpin + stats.store.swpin_zero,
         stats.store.zswpout + stats.store.pswpout + stats.store.swpout_zero,
+        stats.store.folio_objects_stored,
         (stats.evicted_folios, stats.pgmajfault, stats.forks, stats.partial_folio_events, stats.split_installs)
     );
     assert!(
@@ -566,6 +571,13 @@ fn run_case(folio: usize, swap_file: bool, seed: u64, ops: u64) {
     );
     assert_eq!(stats.store.decompress_fail, 0);
     assert_eq!(stats.sigbus, 0);
+    if layout != Layout::PerPage && folio > PAGE {
+        assert!(
+            stats.store.folio_objects_stored > 0,
+            "no folio was stored whole: {:?}",
+            stats.store
+        );
+    }
     drop(worker_region);
     case.regions.clear();
     // SAFETY: the scratch reservation and whatever moved into it.
@@ -590,10 +602,19 @@ fn cases(folio: usize) {
     let ops = env("USWAP_MODEL_OPS", 800);
     let seeds = env("USWAP_MODEL_SEEDS", 3);
     let first = env("USWAP_MODEL_SEED", 1);
+    let held: Option<Layout> = std::env::var("USWAP_MODEL_LAYOUT")
+        .ok()
+        .map(|l| l.parse().expect("USWAP_MODEL_LAYOUT: page, folio or byn:N"));
+    let turns = [
+        Layout::PerPage,
+        Layout::Folio { segments: 1 },
+        Layout::Folio { segments: 4 },
+    ];
     for seed in first..first + seeds {
+        let layout = held.unwrap_or(turns[seed as usize % turns.len()]);
         for swap_file in [false, true] {
             within(Duration::from_secs(600), move || {
-                run_case(folio, swap_file, seed * 7919 + folio as u64, ops)
+                run_case(folio, layout, swap_file, seed * 7919 + folio as u64, ops)
             });
         }
     }

@@ -22,6 +22,7 @@ use uswap::corpus::{self, PAGE_SIZE};
 use uswap::mm::{Runtime, RuntimeConfig};
 use uswap::size::format_size;
 use uswap::swap::FreeMode;
+use uswap::zswap::Layout;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -62,6 +63,10 @@ pub struct Args {
     /// How freed swap slots are returned; several are measured side by side.
     #[arg(long, default_value = "immediate,batched,async", value_delimiter = ',')]
     slot_free: Vec<FreeMode>,
+    /// How the store keeps a folio's pages (page, folio, byn:N); several
+    /// are measured side by side.
+    #[arg(long, default_value = "page", value_parser = args::layout, value_delimiter = ',')]
+    layout: Vec<Layout>,
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -78,6 +83,7 @@ struct Setup {
     folio: usize,
     free: FreeMode,
     discard: Discard,
+    layout: Layout,
     spin_us: u64,
 }
 
@@ -105,6 +111,7 @@ struct Row {
     folio: String,
     free_mode: &'static str,
     discard: Discard,
+    layout: String,
     faults: usize,
     #[serde(flatten)]
     latency: Latency,
@@ -177,6 +184,7 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duratio
         slot_free: setup.free,
         event_spin: Duration::from_micros(setup.spin_us),
         discard_by_move: setup.discard == Discard::Move,
+        layout: setup.layout,
         ..RuntimeConfig::default()
     })
     .map_err(|e| format!("starting the runtime: {e}"))?;
@@ -299,14 +307,17 @@ pub fn run(args: &Args) -> Result<(), String> {
         for &folio in &args.folios {
             for &free in &args.slot_free {
                 for &discard in &args.discard {
-                    for &spin_us in &args.event_spin_us {
-                        setups.push(Setup {
-                            pressure,
-                            folio,
-                            free,
-                            discard,
-                            spin_us,
-                        });
+                    for &layout in &args.layout {
+                        for &spin_us in &args.event_spin_us {
+                            setups.push(Setup {
+                                pressure,
+                                folio,
+                                free,
+                                discard,
+                                layout,
+                                spin_us,
+                            });
+                        }
                     }
                 }
             }
@@ -320,19 +331,21 @@ pub fn run(args: &Args) -> Result<(), String> {
     let mut samples: Vec<(Mode, String, Vec<u64>)> = Vec::new();
     for setup in setups {
         bar.set_message(format!(
-            "{} {} {} {} spin {}us",
+            "{} {} {} {} {} spin {}us",
             setup.pressure.name(),
             format_size(setup.folio as u64),
             setup.free.name(),
             setup.discard.name(),
+            setup.layout,
             setup.spin_us
         ));
         let (row, lat) = row(args, &floors, setup, &pages)?;
         let label = format!(
-            "{} {} {}{}",
+            "{} {} {} {}{}",
             row.folio,
             row.free_mode,
             row.discard.name(),
+            row.layout,
             if setup.spin_us > 0 {
                 format!(" spin {}us", setup.spin_us)
             } else {
@@ -397,6 +410,7 @@ fn row(
         folio: format_size(folio as u64),
         free_mode: setup.free.name(),
         discard: setup.discard,
+        layout: setup.layout.to_string(),
         faults: lat.len(),
         latency,
         p50_per_page_us: p50 / pages_per_folio,
@@ -409,7 +423,15 @@ fn row(
 fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), String> {
     let mut t = Table::new(
         &[
-            &["mode", "folio", "free mode", "discard", "spin us", "faults"][..],
+            &[
+                "mode",
+                "folio",
+                "free mode",
+                "discard",
+                "layout",
+                "spin us",
+                "faults",
+            ][..],
             &Latency::HEADER[..],
             &["p50/page us", "p50/floor", "pages/s"][..],
         ]
@@ -421,6 +443,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
             r.folio.clone(),
             r.free_mode.to_string(),
             r.discard.name().to_string(),
+            r.layout.clone(),
             r.event_spin_us.to_string(),
             r.faults.to_string(),
         ];
