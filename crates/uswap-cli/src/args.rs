@@ -179,6 +179,16 @@ impl Engines {
     }
 }
 
+impl std::fmt::Display for Engines {
+    /// As `--engines` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Engines::Auto => f.write_str("auto"),
+            Engines::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// Parses `--engines`: `auto` or 0..=64.
 pub fn engines(text: &str) -> Result<Engines, String> {
     if text == "auto" {

@@ -27,7 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Benchmarks: `uswap bench codecs`, `uswap bench store`, `uswap bench faults`.
+    /// Benchmarks: `uswap bench codecs`, `uswap bench store`, `uswap bench
+    /// faults`, `uswap bench usemem`.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
@@ -61,6 +62,9 @@ enum BenchCommand {
     /// Swap-in fault latency per folio size and slot free mode, against the
     /// userfaultfd and codec floors.
     Faults(bench::faults::Args),
+    /// usemem in several configurations side by side (threads or
+    /// processes, engine counts, store layouts).
+    Usemem(bench::usemem::Args),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
             BenchCommand::Codecs(args) => bench::codecs::run(&args),
             BenchCommand::Store(args) => bench::store::run(&args),
             BenchCommand::Faults(args) => bench::faults::run(&args),
+            BenchCommand::Usemem(args) => bench::usemem::run(&args),
         },
         Command::TrainDict(args) => train_dict::run(&args),
         Command::Usemem(args) => usemem::run(&args),

@@ -70,3 +70,57 @@ fn bench_faults_draws_a_latency_chart_per_mode() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_usemem_draws_a_bar_per_configuration() {
+    let dir = std::env::temp_dir().join(format!("uswap-usemem-charts-{}", std::process::id()));
+    let json = dir.join("usemem.json");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(USWAP)
+        .args([
+            "bench",
+            "usemem",
+            "16M",
+            "-n",
+            "2",
+            "--memory-high",
+            "8M",
+            "--engines",
+            "auto,0",
+            "--layout",
+            "page,folio",
+            "--modes",
+            "threads",
+            "--rounds",
+            "1",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = chart(&dir, "usemem.svg");
+    for label in [
+        "threads engines auto (",
+        "threads engines 0 page",
+        "threads engines 0 folio",
+    ] {
+        assert!(text.contains(label), "no bar for {label}");
+    }
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        assert!(row["mb_per_s"][0].as_f64().unwrap() > 0.0, "{row}");
+        let auto = row["engines"].as_str().unwrap().starts_with("auto");
+        assert_eq!(row["vs_best_fixed"].is_number(), auto, "{row}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,6 +6,7 @@ pub mod faults;
 pub mod floor;
 pub mod store;
 pub mod svg;
+pub mod usemem;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;

@@ -99,6 +99,56 @@ pub fn lines(
     root.present().map_err(err)
 }
 
+/// Horizontal bars, one per configuration: its median, with a line from
+/// its lowest to its highest run; the label is written on the bar.
+pub fn bars(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    bars: &[(String, [f64; 3])],
+) -> Result<(), String> {
+    let n = bars.len().max(1);
+    let x_max = bars.iter().map(|(_, [_, _, hi])| *hi).fold(1.0, f64::max) * 1.1;
+    let height = (SIZE.1).max(90 + 45 * n as u32);
+    let root = SVGBackend::new(path, (SIZE.0, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = titled(&root, title)
+        .build_cartesian_2d(0.0..x_max, 0.0..n as f64)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .disable_y_mesh()
+        .y_labels(0)
+        .draw()
+        .map_err(err)?;
+    for (k, (label, [lo, mid, hi])) in bars.iter().enumerate() {
+        // The first bar at the top.
+        let y = (n - 1 - k) as f64;
+        let color = Palette99::pick(k).mix(0.6);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, y + 0.15), (*mid, y + 0.85)],
+                color.filled(),
+            )))
+            .map_err(err)?;
+        chart
+            .draw_series(LineSeries::new(
+                [(*lo, y + 0.5), (*hi, y + 0.5)],
+                BLACK.stroke_width(2),
+            ))
+            .map_err(err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{label}: {mid:.0}"),
+                (x_max * 0.01, y + 0.62),
+                ("sans-serif", 14),
+            )))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)
+}
+
 /// A white canvas of the charts' size, drawn to `path`.
 fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>, String> {
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
