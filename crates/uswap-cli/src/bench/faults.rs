@@ -44,9 +44,10 @@ pub struct Args {
     /// Faults timed per configuration.
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(100..))]
     faults: u64,
-    /// Compression engines.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
-    engines: u32,
+    /// Compression engines (0..64), or auto (as `uswap usemem` and `uswap
+    /// run` choose them for one runtime).
+    #[arg(long, default_value = "auto", value_parser = args::engines)]
+    engines: args::Engines,
     /// Modes: pressure (every fault also needs an eviction), no-pressure
     /// (everything pushed out first, then the limit lifted).
     #[arg(long, default_value = "pressure,no-pressure", value_delimiter = ',')]
@@ -134,6 +135,8 @@ struct Report {
     memory_high: u64,
     size: u64,
     threads: u32,
+    /// As given, and what auto chose (`auto (2)`).
+    engines: String,
     rows: Vec<Row>,
     floors: Floors,
 }
@@ -180,7 +183,7 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duratio
     let rt = Runtime::new(RuntimeConfig {
         memory_high: args.memory_high as usize,
         folio_size: folio,
-        engines: args.engines as usize,
+        engines: args.engines.per_runtime(1, args::cpus()),
         slot_free: setup.free,
         event_spin: Duration::from_micros(setup.spin_us),
         discard_by_move: setup.discard == Discard::Move,
@@ -454,10 +457,11 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
         t.row(cells);
     }
     t.print(&format!(
-        "Swap-in faults: {} threads touching {} of corpus pages under a {} limit (floor = round trip + raw decompression)",
+        "Swap-in faults: {} threads touching {} of corpus pages under a {} limit, engines {} (floor = round trip + raw decompression)",
         args.threads,
         format_size(args.size),
-        format_size(args.memory_high)
+        format_size(args.memory_high),
+        args.engines.describe(1, args::cpus())
     ));
     let mut t = Table::new(&["floor", "p50 us"]);
     t.row(vec![
@@ -485,6 +489,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
                 memory_high: args.memory_high,
                 size: args.size,
                 threads: args.threads,
+                engines: args.engines.describe(1, args::cpus()),
                 rows,
                 floors,
             },

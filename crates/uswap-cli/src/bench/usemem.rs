@@ -95,7 +95,12 @@ struct Row {
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
 }
 
 /// Runs `uswap usemem` once in `config`; returns (MB/s, elapsed seconds,

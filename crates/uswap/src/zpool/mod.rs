@@ -444,6 +444,12 @@ impl Pool {
         self.pages_used.load(Ordering::Relaxed) * PAGE_SIZE
     }
 
+    /// Bytes of empty zspages kept resident for reuse, beside
+    /// [`Pool::total_size`]: at most 2 MiB (see `pages`).
+    pub fn kept_size(&self) -> usize {
+        self.pages.kept_bytes()
+    }
+
     /// Objects stored.
     pub fn objects(&self) -> usize {
         self.classes

@@ -567,6 +567,7 @@ impl Inner {
     fn stats(&self) -> ZswapStats {
         let mut s = self.counters.snapshot();
         s.pool_total_size = self.pool.total_size() as u64;
+        s.pool_kept_size = self.pool.kept_size() as u64;
         s.stored_pages = self.stored_pages.load(Ordering::Relaxed);
         s.stored_incompressible_pages = self.stored_raw_pages.load(Ordering::Relaxed);
         s.stored_bytes = self.stored_bytes.load(Ordering::Relaxed);

@@ -32,6 +32,9 @@ macro_rules! counters {
             pub swpout_fallback_by_order: [u64; SIZE_ORDERS],
             /// Bytes of pages the pool holds.
             pub pool_total_size: u64,
+            /// Bytes of empty zspages the pool keeps resident for reuse
+            /// rather than returning each to the OS (at most 2 MiB).
+            pub pool_kept_size: u64,
             /// Pages currently stored in the pool (compressed or raw).
             pub stored_pages: u64,
             /// Pages currently stored raw in the pool because they did not shrink.
@@ -47,6 +50,7 @@ macro_rules! counters {
                     zswpout_by_order: std::array::from_fn(|i| self.zswpout_by_order[i].load(Relaxed)),
                     swpout_fallback_by_order: std::array::from_fn(|i| self.swpout_fallback_by_order[i].load(Relaxed)),
                     pool_total_size: 0,
+                    pool_kept_size: 0,
                     stored_pages: 0,
                     stored_incompressible_pages: 0,
                     stored_bytes: 0,
@@ -59,6 +63,7 @@ macro_rules! counters {
             pub fn named(&self) -> Vec<(String, u64)> {
                 let mut v: Vec<(String, u64)> = vec![$((stringify!($name).to_string(), self.$name),)*];
                 v.push(("pool_total_size".into(), self.pool_total_size));
+                v.push(("pool_kept_size".into(), self.pool_kept_size));
                 v.push(("stored_pages".into(), self.stored_pages));
                 v.push(("stored_incompressible_pages".into(), self.stored_incompressible_pages));
                 v.push(("stored_bytes".into(), self.stored_bytes));
