@@ -57,7 +57,7 @@ use super::stats::DeviceStats;
 use crate::codec::Codec;
 use std::cell::{RefCell, UnsafeCell};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -379,7 +379,7 @@ impl Drop for Device {
 
 fn new_cell(codec: &dyn Codec, op: Op, job: &mut Job<'_>, group: &Group) -> Cell {
     Cell {
-        state: AtomicU8::new(PENDING),
+        state: AtomicU32::new(PENDING),
         op,
         // SAFETY: only the trait object's lifetime is erased; the batch that
         // owns this cell outlives every use of the pointer (module docs).
@@ -544,7 +544,9 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Waits for the job (running it here if no engine has started it and
-    /// caller assist is on); returns its result and its output buffer.
+    /// caller assist is on, and meanwhile running later jobs of the scope
+    /// that no engine has started); returns its result and its output
+    /// buffer.
     ///
     /// Waiting consumes the ticket, so one job's buffer cannot be handed back
     /// twice; a second wait does not compile:
@@ -573,10 +575,27 @@ impl<'scope> Scope<'scope, '_> {
         }
         let start = Instant::now();
         while !cell.is_done() {
-            if start.elapsed() >= device.config.stall_timeout {
+            // An engine has it: rather than spin, run the newest job of this
+            // scope that no engine has started (jobs before this one were
+            // waited for already). Spin only when every job is taken.
+            if device.config.caller_assist {
+                if let Some(other) = cells[ticket.index + 1..].iter().rev().find(|c| c.claim()) {
+                    device.shared.execute(other, &device.shared.caller);
+                    continue;
+                }
+            }
+            let waited = start.elapsed();
+            if waited >= device.config.stall_timeout {
                 device.recover_stalled();
             }
-            std::thread::yield_now();
+            // Poll a while (a job is tens of microseconds), then sleep until
+            // the engine is done: spinning on yield would take a CPU the
+            // engines and the program need.
+            if waited < device.config.wait_poll {
+                std::thread::yield_now();
+            } else {
+                cell.sleep_until_done(device.config.stall_timeout / 4);
+            }
         }
         let result = cell.result().expect("a finished job has a result");
         // SAFETY: the buffer was lent to `submit` for 'scope and the job is

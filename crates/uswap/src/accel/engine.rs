@@ -2,7 +2,7 @@
 //! callers that run jobs themselves.
 
 use super::job::JobError;
-use super::job::{Cell, Descriptor, Op, DONE};
+use super::job::{Cell, Descriptor, Op};
 use super::stats::Counters;
 use crate::codec::Codec;
 use crossbeam_queue::ArrayQueue;
@@ -102,7 +102,7 @@ impl Shared {
         let result = self.run_job(codec, cell.op, src, dst, counters);
         // SAFETY: as above, this thread owns the result slot until DONE.
         unsafe { *cell.result.get() = Some(result) };
-        cell.state.store(DONE, Ordering::Release);
+        cell.finish();
     }
 
     /// The work of one job, with counters, fault injection and verification.

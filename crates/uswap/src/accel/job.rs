@@ -10,7 +10,7 @@
 use crate::codec::{Codec, CodecError};
 use std::cell::UnsafeCell;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// What a job does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,9 +73,11 @@ impl<'a> Job<'a> {
     }
 }
 
-pub(crate) const PENDING: u8 = 0;
-pub(crate) const RUNNING: u8 = 1;
-pub(crate) const DONE: u8 = 2;
+pub(crate) const PENDING: u32 = 0;
+pub(crate) const RUNNING: u32 = 1;
+pub(crate) const DONE: u32 = 2;
+/// Added to RUNNING by a caller that sleeps until the job is done.
+pub(crate) const WAITED: u32 = 1 << 31;
 
 /// Counts the queue references to a batch's cells that engines have not yet
 /// released. The caller may return only when it reaches zero. The top bit
@@ -106,7 +108,7 @@ impl Group {
 
 /// The completion record of one job.
 pub(crate) struct Cell {
-    pub state: AtomicU8,
+    pub state: AtomicU32,
     pub op: Op,
     pub codec: *const dyn Codec,
     pub src: *const u8,
@@ -127,6 +129,28 @@ impl Cell {
 
     pub fn is_done(&self) -> bool {
         self.state.load(Ordering::Acquire) == DONE
+    }
+
+    /// Ends a claimed job: its result is written. Wakes a caller sleeping in
+    /// [`Cell::sleep_until_done`].
+    pub fn finish(&self) {
+        if self.state.swap(DONE, Ordering::AcqRel) & WAITED != 0 {
+            super::futex::wake_all(&self.state);
+        }
+    }
+
+    /// Sleeps (at most `timeout`) until the job someone else runs is done;
+    /// returns at once if it is done or nobody has claimed it.
+    pub fn sleep_until_done(&self, timeout: std::time::Duration) {
+        let waited = RUNNING | WAITED;
+        let marked = self.state.load(Ordering::Acquire) == waited
+            || self
+                .state
+                .compare_exchange(RUNNING, waited, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if marked {
+            super::futex::wait(&self.state, waited, timeout);
+        }
     }
 
     /// The result of a finished job, `None` while it runs.
