@@ -113,8 +113,9 @@ pub struct RuntimeArgs {
     #[arg(long, env = "USWAP_ACCEPT_THRESHOLD_PERCENT", default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub accept_threshold_percent: u8,
     /// Compression engines per runtime (0..64), or auto: the machine's
-    /// CPUs shared among the runtimes of the run, and none where a runtime's
-    /// share is below two (see `Engines::per_runtime`).
+    /// CPUs shared among the runtimes of the run, none where a runtime's
+    /// share is below two, and none where a batch on them does not beat the
+    /// caller at start-up (see `Engines::choose`).
     #[arg(long, env = "USWAP_ENGINES", default_value = "auto", value_parser = engines)]
     pub engines: Engines,
     /// Directory for a swap file (none by default).
@@ -170,14 +171,42 @@ impl Engines {
         }
     }
 
-    /// The value as given, or what auto chose.
+    /// Engines for each of `runtimes` runtimes compressing with `codec`
+    /// in batches of `plug_pages` pages: [`Engines::per_runtime`], and for
+    /// auto, when that gives a runtime engines, a measurement at start-up
+    /// ([`uswap::accel::probe`]) that keeps them only if a batch on them
+    /// takes at most 0.9x the time it takes on the caller.
+    pub fn choose(self, runtimes: usize, cpus: usize, codec: &str, plug_pages: usize) -> usize {
+        let n = self.per_runtime(runtimes, cpus);
+        if self != Engines::Auto || n == 0 {
+            return n;
+        }
+        let Ok(codec) = uswap::codec::by_name(codec) else {
+            return n;
+        };
+        match uswap::accel::probe::batching(n, codec.as_ref(), plug_pages.clamp(16, 256)) {
+            Ok(probe) if probe.ratio() > BATCHING_PAYS_BELOW => 0,
+            _ => n,
+        }
+    }
+
+    /// The value as given, or what auto chose by the CPU count alone.
     pub fn describe(self, runtimes: usize, cpus: usize) -> String {
+        self.describe_as(self.per_runtime(runtimes, cpus))
+    }
+
+    /// The value as given, or `auto (chosen)`.
+    pub fn describe_as(self, chosen: usize) -> String {
         match self {
             Engines::Fixed(n) => n.to_string(),
-            Engines::Auto => format!("auto ({})", self.per_runtime(runtimes, cpus)),
+            Engines::Auto => format!("auto ({chosen})"),
         }
     }
 }
+
+/// Auto keeps the engines when a batch on them takes less than this share
+/// of the time it takes page by page on the caller.
+const BATCHING_PAYS_BELOW: f64 = 0.9;
 
 impl std::fmt::Display for Engines {
     /// As `--engines` takes it.
@@ -238,7 +267,12 @@ impl RuntimeArgs {
             page_cluster: self.page_cluster,
             max_pool_percent: self.max_pool_percent,
             accept_threshold_percent: self.accept_threshold_percent,
-            engines: self.engines.per_runtime(share, cpus()),
+            engines: self.engines.choose(
+                share,
+                cpus(),
+                &self.compressor,
+                self.compress_batchsize as usize * self.folio_size / 4096,
+            ),
             swap_file: self.swap_dir.clone().map(|d| (d, self.swap_size)),
             slot_free: self.slot_free,
             discard_by_move: self.discard == Discard::Move,
@@ -260,6 +294,17 @@ mod tests {
         assert_eq!(Engines::Auto.per_runtime(1, 64), 8);
         assert_eq!(Engines::Auto.per_runtime(1, 1), 0);
         assert_eq!(Engines::Fixed(3).per_runtime(2, 2), 3);
+        assert_eq!(
+            Engines::Fixed(3).choose(1, 2, "lz4", 128),
+            3,
+            "fixed is never probed"
+        );
+        assert_eq!(
+            Engines::Auto.choose(2, 2, "lz4", 128),
+            0,
+            "no share, no probe"
+        );
+        assert!(Engines::Auto.choose(1, 2, "lz4", 128) <= 2);
         assert_eq!(engines("auto"), Ok(Engines::Auto));
         assert_eq!(engines("0"), Ok(Engines::Fixed(0)));
         assert!(engines("65").is_err() && engines("two").is_err());

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use uswap::corpus::{self, PAGE_SIZE};
-use uswap::mm::{Region, Runtime, RuntimeStats};
+use uswap::mm::{Region, Runtime, RuntimeConfig, RuntimeStats};
 use uswap::size::format_size;
 use uswap::zswap::{size_label, SIZE_ORDERS};
 
@@ -157,9 +157,9 @@ fn add_stats(total: &mut BTreeMap<String, u64>, more: &BTreeMap<String, u64>) {
 fn run_threads(
     args: &Args,
     fill: &Fill,
+    config: RuntimeConfig,
 ) -> Result<(Vec<TaskResult>, BTreeMap<String, u64>), String> {
-    let rt =
-        Runtime::new(args.runtime.config(1)).map_err(|e| format!("starting the runtime: {e}"))?;
+    let rt = Runtime::new(config).map_err(|e| format!("starting the runtime: {e}"))?;
     let mut regions: Vec<Region> = (0..args.tasks)
         .map(|_| rt.map(args.size as usize))
         .collect::<Result<_, _>>()
@@ -244,10 +244,16 @@ pub fn run(args: &Args) -> Result<(), String> {
         return run_child(args, &fill, task as usize);
     }
     let t = Instant::now();
-    let (results, stats) = if args.processes {
-        run_processes(args)?
+    // Engines as the threads' runtime got them (auto measures at start-up);
+    // each process of a --processes run chooses its own.
+    let (results, stats, chosen) = if args.processes {
+        let (results, stats) = run_processes(args)?;
+        (results, stats, None)
     } else {
-        run_threads(args, &fill)?
+        let config = args.runtime.config(1);
+        let engines = config.engines;
+        let (results, stats) = run_threads(args, &fill, config)?;
+        (results, stats, Some(engines))
     };
     let elapsed = t.elapsed().as_secs_f64();
     let (mut user, mut sys) = cpu_times(libc::RUSAGE_SELF);
@@ -330,14 +336,13 @@ pub fn run(args: &Args) -> Result<(), String> {
                 folio_size: format_size(args.runtime.folio_size as u64),
                 compressor: args.runtime.compressor.clone(),
                 compress_batchsize: args.runtime.compress_batchsize,
-                engines: args.runtime.engines.describe(
-                    if args.processes {
-                        args.tasks as usize
-                    } else {
-                        1
-                    },
-                    crate::args::cpus(),
-                ),
+                engines: match chosen {
+                    Some(n) => args.runtime.engines.describe_as(n),
+                    None => args
+                        .runtime
+                        .engines
+                        .describe(args.tasks as usize, crate::args::cpus()),
+                },
                 total_kbps: total,
                 average_kbps: average,
                 elapsed_s: elapsed,

@@ -113,6 +113,8 @@ struct Row {
     free_mode: &'static str,
     discard: Discard,
     layout: String,
+    /// As given, and what auto chose for this configuration.
+    engines: String,
     faults: usize,
     #[serde(flatten)]
     latency: Latency,
@@ -135,8 +137,6 @@ struct Report {
     memory_high: u64,
     size: u64,
     threads: u32,
-    /// As given, and what auto chose (`auto (2)`).
-    engines: String,
     rows: Vec<Row>,
     floors: Floors,
 }
@@ -176,14 +176,18 @@ fn measure_floors(pages: &[u8]) -> Result<Floors, String> {
 /// Fills managed memory with corpus pages, then times faults on swapped
 /// folios touched in random order. Returns each fault's latency and the
 /// wall time of the touching.
-fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duration), String> {
+/// Also returns the engines the runtime had.
+fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duration, usize), String> {
     let Setup {
         pressure, folio, ..
     } = setup;
+    let engines = args
+        .engines
+        .choose(1, args::cpus(), "lz4", 8 * folio / PAGE_SIZE);
     let rt = Runtime::new(RuntimeConfig {
         memory_high: args.memory_high as usize,
         folio_size: folio,
-        engines: args.engines.per_runtime(1, args::cpus()),
+        engines,
         slot_free: setup.free,
         event_spin: Duration::from_micros(setup.spin_us),
         discard_by_move: setup.discard == Discard::Move,
@@ -290,7 +294,7 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duratio
         return Err("no-pressure mode evicted while touching".into());
     }
     drop(region);
-    Ok((samples.into_iter().flatten().collect(), wall))
+    Ok((samples.into_iter().flatten().collect(), wall, engines))
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -397,7 +401,7 @@ fn row(
     pages: &[u8],
 ) -> Result<(Row, Vec<u64>), String> {
     let folio = setup.folio;
-    let (mut lat, wall) = measure(args, setup, pages)?;
+    let (mut lat, wall, engines) = measure(args, setup, pages)?;
     let latency = Latency::of(&mut lat);
     let p50 = latency.p50_us;
     let pages_per_folio = (folio / PAGE_SIZE) as f64;
@@ -414,6 +418,7 @@ fn row(
         free_mode: setup.free.name(),
         discard: setup.discard,
         layout: setup.layout.to_string(),
+        engines: args.engines.describe_as(engines),
         faults: lat.len(),
         latency,
         p50_per_page_us: p50 / pages_per_folio,
@@ -447,6 +452,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
             r.free_mode.to_string(),
             r.discard.name().to_string(),
             r.layout.clone(),
+            r.engines.clone(),
             r.event_spin_us.to_string(),
             r.faults.to_string(),
         ];
@@ -457,11 +463,10 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
         t.row(cells);
     }
     t.print(&format!(
-        "Swap-in faults: {} threads touching {} of corpus pages under a {} limit, engines {} (floor = round trip + raw decompression)",
+        "Swap-in faults: {} threads touching {} of corpus pages under a {} limit (floor = round trip + raw decompression)",
         args.threads,
         format_size(args.size),
         format_size(args.memory_high),
-        args.engines.describe(1, args::cpus())
     ));
     let mut t = Table::new(&["floor", "p50 us"]);
     t.row(vec![
@@ -489,7 +494,6 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
                 memory_high: args.memory_high,
                 size: args.size,
                 threads: args.threads,
-                engines: args.engines.describe(1, args::cpus()),
                 rows,
                 floors,
             },

@@ -25,7 +25,7 @@
 //! `engine` (the engine threads and their queues), [`stats`] (per-engine
 //! counters), `device` (submission, polling, batches, and why lending
 //! buffers to the engines is safe), [`byn`] (a by_n frame's segments as one
-//! batch).
+//! batch), [`probe`] (whether batching pays off on this machine).
 
 pub mod byn;
 pub mod config;
@@ -33,6 +33,7 @@ mod device;
 mod engine;
 mod futex;
 pub mod job;
+pub mod probe;
 pub mod stats;
 
 pub use config::{DeviceConfig, Mapping};
