@@ -87,6 +87,19 @@ impl Output<'_> {
     }
 
     fn literals(&mut self, input: &mut Input<'_>, n: usize) -> Result<(), LzoError> {
+        // Most runs are short: with 16 bytes to spare on both sides, copy 16
+        // at once. The bytes past the run are garbage only until the next
+        // instructions write over them, which a stream that fills the output
+        // exactly always does.
+        if n <= 16 && self.pos + 16 <= self.bytes.len() && input.pos + 16 <= input.bytes.len() {
+            let run: [u8; 16] = input.bytes[input.pos..input.pos + 16]
+                .try_into()
+                .expect("16 bytes");
+            self.bytes[self.pos..self.pos + 16].copy_from_slice(&run);
+            self.pos += n;
+            input.pos += n;
+            return Ok(());
+        }
         self.room(n)?;
         let run = input.take(n)?;
         self.bytes[self.pos..self.pos + n].copy_from_slice(run);
@@ -109,7 +122,20 @@ impl Output<'_> {
         }
         self.room(len)?;
         let start = self.pos - distance;
-        if distance == 1 {
+        if distance >= 8 && self.pos + len + 8 <= self.bytes.len() {
+            // Eight bytes a step: each read lies wholly before its write
+            // (distance >= 8), so it sees only final bytes; the last step may
+            // write up to seven bytes past the match, which later
+            // instructions overwrite (as for literals).
+            let (mut from, mut to) = (start, self.pos);
+            let end = self.pos + len;
+            while to < end {
+                let word: [u8; 8] = self.bytes[from..from + 8].try_into().expect("8 bytes");
+                self.bytes[to..to + 8].copy_from_slice(&word);
+                from += 8;
+                to += 8;
+            }
+        } else if distance == 1 {
             let b = self.bytes[start];
             self.bytes[self.pos..self.pos + len].fill(b);
         } else {
