@@ -557,12 +557,15 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
     }
     let stats = case.rt.stats();
     eprintln!(
-        "folio {folio} {layout} file {swap_file} seed {seed}: {ops} operations {:?}, worker words {}, page round trips {} in / {} out, folios stored whole {}, {:?}",
+        "folio {folio} {layout} file {swap_file} seed {seed}: {ops} operations {:?}, worker words {}, page round trips {} in / {} out, folios stored whole {}, clean installs / evictions / dropped {} / {} / {}, {:?}",
         case.ops,
         worker_ops.load(Ordering::Relaxed),
         stats.store.zswpin + stats.store.pswpin + stats.store.swpin_zero,
         stats.store.zswpout + stats.store.pswpout + stats.store.swpout_zero,
         stats.store.folio_objects_stored,
+        stats.clean_installs,
+        stats.clean_evictions,
+        stats.clean_dropped,
         (stats.evicted_folios, stats.pgmajfault, stats.forks, stats.partial_folio_events, stats.split_installs)
     );
     assert!(
@@ -571,6 +574,7 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
     );
     assert_eq!(stats.store.decompress_fail, 0);
     assert_eq!(stats.sigbus, 0);
+    assert!(stats.clean_installs > 0, "no folio read back stayed clean");
     if layout != Layout::PerPage && folio > PAGE {
         assert!(
             stats.store.folio_objects_stored > 0,

@@ -162,6 +162,12 @@ fn madvise_dontneed_drops_and_keeps_the_right_bytes() {
         unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) },
         0
     );
+    // Before reading anything back: folios read back keep their stored
+    // copies (CLEAN), which would hide the entries the drop freed.
+    assert!(
+        eventually(|| rt.stats().store.stored_pages < stored_before),
+        "dropped folios left the store"
+    );
     for i in 0..w.count {
         let addr = base + i * 8;
         let expect = if addr >= start && addr < start + len {
@@ -171,10 +177,6 @@ fn madvise_dontneed_drops_and_keeps_the_right_bytes() {
         };
         assert_eq!(w.read(i), expect, "word {i}");
     }
-    assert!(
-        eventually(|| rt.stats().store.stored_pages < stored_before),
-        "dropped folios left the store"
-    );
 }
 
 #[test]
@@ -504,4 +506,76 @@ fn the_limit_can_be_changed_while_running() {
             "evicted under the raised limit"
         );
     });
+}
+
+/// Pages the store holds or has recorded: every folio stored adds its pages.
+fn pages_stored(rt: &Runtime) -> u64 {
+    let s = rt.stats().store;
+    s.zswpout + s.swpout_zero + s.pswpout
+}
+
+/// Reads every word twice over memory four times the limit: folios read
+/// back keep their stored copies (CLEAN), and the ones evicted again before
+/// any write leave by a discard alone, so the second pass stores fewer pages
+/// than it evicts. A write then drops a folio's copy, and the bytes written
+/// survive the next eviction.
+fn clean_case(keep: bool) {
+    let fs = 64 << 10;
+    let rt = Runtime::new(uswap::mm::RuntimeConfig {
+        memory_high: MIB,
+        folio_size: fs,
+        max_pool_bytes: Some(64 << 20),
+        keep_clean_copies: keep,
+        ..uswap::mm::RuntimeConfig::default()
+    })
+    .unwrap();
+    let region = rt.map(4 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let w = Words::of(&region);
+    let read_all = |expect: &dyn Fn(usize) -> u64| {
+        for i in 0..w.count {
+            assert_eq!(w.read(i), expect(i), "word {i}");
+        }
+    };
+    read_all(&|i| i as u64 ^ 0x5555);
+    let (evicted, stored) = (rt.stats().evicted_folios, pages_stored(&rt));
+    read_all(&|i| i as u64 ^ 0x5555);
+    let s = rt.stats();
+    let pages = (s.evicted_folios - evicted) * (fs / 4096) as u64;
+    let stored = pages_stored(&rt) - stored;
+    if keep {
+        assert!(s.clean_installs > 0 && s.clean_evictions > 0, "{s:?}");
+        assert!(stored < pages, "{stored} pages stored for {pages} evicted");
+    } else {
+        assert_eq!((s.clean_installs, s.clean_evictions), (0, 0));
+        assert!(stored >= pages, "{stored} pages stored for {pages} evicted");
+    }
+    // One write per folio, the last read (resident, clean) first, then
+    // everything out and back once more.
+    let per_folio = fs / 8;
+    for k in (0..w.count / per_folio).rev() {
+        w.write(k * per_folio + 3, 0xdead_0000 + k as u64);
+    }
+    common::evict_to_limit(&rt);
+    read_all(&|i| {
+        if i % per_folio == 3 {
+            0xdead_0000 + (i / per_folio) as u64
+        } else {
+            i as u64 ^ 0x5555
+        }
+    });
+    if keep {
+        assert!(rt.stats().clean_dropped > 0);
+    }
+    assert_eq!(rt.stats().store.decompress_fail, 0);
+}
+
+#[test]
+fn clean_folios_leave_without_compression_and_keep_their_writes() {
+    clean_case(true);
+}
+
+#[test]
+fn without_clean_copies_every_eviction_stores() {
+    clean_case(false);
 }

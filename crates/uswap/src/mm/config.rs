@@ -58,6 +58,12 @@ pub struct RuntimeConfig {
     /// How the store keeps a folio's pages: one object per page, or the
     /// folio as one object (see `zswap::Layout`).
     pub layout: Layout,
+    /// Keep the stored copy of a folio brought back for a read, with its
+    /// pages write-protected, while the pool has room: evicting it again
+    /// before anything writes to it is a discard, not a compression (the
+    /// kernel keeps a swapped-in page's swap slot the same way while swap
+    /// is not full). The first write costs a write-protect fault.
+    pub keep_clean_copies: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -81,6 +87,7 @@ impl Default for RuntimeConfig {
             serve_forks: true,
             discard_by_move: true,
             layout: Layout::PerPage,
+            keep_clean_copies: true,
         }
     }
 }

@@ -97,4 +97,11 @@ counters! {
     /// Installs that had to go page by page because the folio spans more
     /// than one mapping (mprotect, mlock, partial munmap split it).
     split_installs,
+    /// Folios brought back for a read that kept their stored copy (CLEAN).
+    clean_installs,
+    /// CLEAN folios evicted again by a discard alone, with no compression.
+    clean_evictions,
+    /// CLEAN folios whose copy was dropped: written to, a page went
+    /// missing, or the program dropped, unmapped, moved or forked them.
+    clean_dropped,
 }

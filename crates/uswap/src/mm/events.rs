@@ -19,7 +19,10 @@
 //! | busy       | extras                   | extras                    | extras                       |
 //!
 //! ("extras": recorded for the folio's owner or its next swap-in, see
-//! [`super::space`].)
+//! [`super::space`].) A CLEAN folio first drops its stored copy and is
+//! RESIDENT for every event, fork included: what the program does to its
+//! memory may make the copy wrong, and events are rare enough not to be
+//! worth telling apart.
 
 use super::folio::{
     self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
@@ -86,6 +89,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
+        shared.forget_clean_copy(&region, i);
         let f = &region.folios[i];
         let w = f.load();
         if hi - lo < pages {
@@ -142,6 +146,7 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
                 .partial_folio_events
                 .fetch_add(1, Ordering::Relaxed);
         }
+        shared.forget_clean_copy(&region, i);
         let f = &region.folios[i];
         let w = f.load();
         match folio::state(w) {
@@ -214,6 +219,9 @@ pub(crate) fn on_remap(
     if let Some((region, _)) = space.lookup(from) {
         if from == region.base() && len == region.len {
             region.base.store(to, Ordering::Release);
+            for i in 0..region.folios.len() {
+                shared.forget_clean_copy(&region, i);
+            }
             return;
         }
     }
@@ -236,6 +244,7 @@ pub(crate) fn on_remap(
             .counters
             .partial_folio_events
             .fetch_add(1, Ordering::Relaxed);
+        shared.forget_clean_copy(&region, i);
         let f = &region.folios[i];
         let w = f.load();
         match folio::state(w) {
@@ -289,6 +298,7 @@ pub(crate) fn on_fork(
         *copy.unmapped.lock().expect("unmapped lock") =
             r.unmapped.lock().expect("unmapped lock").clone();
         for (i, f) in r.folios.iter().enumerate() {
+            shared.forget_clean_copy(r, i);
             let w = f.load();
             let extras = parent.extras_of(r, i, w);
             let state = match folio::state(w) {
@@ -442,6 +452,7 @@ pub(crate) fn release_space(shared: &Shared, space: &Space) {
     space.alive.store(false, Ordering::Release);
     for region in space.regions.read().expect("regions lock").iter() {
         for (i, f) in region.folios.iter().enumerate() {
+            shared.forget_clean_copy(region, i);
             let w = f.load();
             match folio::state(w) {
                 SWAPPED => {

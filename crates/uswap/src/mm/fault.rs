@@ -24,7 +24,8 @@
 
 use super::events::{self, FollowUp};
 use super::folio::{
-    self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
+    self, CLEAN, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED,
+    ZEROING,
 };
 use super::space::{Owner, Space};
 use super::swapin::{self, Pass, Server, SwappedIn, Worker};
@@ -45,6 +46,8 @@ const CHILD_CHECK: Duration = Duration::from_millis(100);
 pub(crate) struct Fault {
     space: Arc<Space>,
     addr: usize,
+    /// A write (a missing page or a write-protected one).
+    write: bool,
     wp: bool,
     tid: u32,
     /// When its event was read.
@@ -127,9 +130,15 @@ impl EventThread<'_> {
         for (event, k) in self.raw.drain(..).zip(origins.iter()) {
             let space = &spaces[*k as usize];
             match event {
-                Event::PageFault { addr, wp, tid, .. } => self.backlog.push_back(Fault {
+                Event::PageFault {
+                    addr,
+                    write,
+                    wp,
+                    tid,
+                } => self.backlog.push_back(Fault {
                     space: space.clone(),
                     addr,
+                    write,
                     wp,
                     tid,
                     read_at,
@@ -324,7 +333,7 @@ impl EventThread<'_> {
         }
         self.hold_pass();
         for fu in std::mem::take(&mut self.follow_ups) {
-            swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, self);
+            swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, self, false);
         }
         while let Some(fault) = self.backlog.pop_front() {
             bump(&shared.counters.faults);
@@ -389,7 +398,7 @@ impl EventThread<'_> {
                             let loading =
                                 folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA);
                             if f.transition(w, loading) {
-                                swapin::swap_in(shared, space, region, i, self);
+                                swapin::swap_in(shared, space, region, i, self, false);
                             } else {
                                 busy = true;
                             }
@@ -516,6 +525,17 @@ fn unprotect(space: &Space, page: usize) -> Step {
     }
 }
 
+/// Lifts the protection of a whole folio (which wakes its waiters); a folio
+/// part of which is unmapped falls back to the faulting page alone.
+fn unprotect_folio(space: &Space, start: usize, len: usize, page: usize) -> Step {
+    match space.uffd.write_protect(start, len, false) {
+        Ok(()) | Err(UffdError::ProcessGone) => Step::Done,
+        Err(UffdError::NoMapping) => unprotect(space, page),
+        Err(UffdError::Again) => Step::Again,
+        Err(e) => panic!("lifting write protection at {start:#x}+{len:#x}: {e}"),
+    }
+}
+
 /// Serves one page fault. Returns false when the server may not wait and
 /// the fault must (a filler then takes it).
 fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool {
@@ -560,6 +580,14 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
             .expect("beacon lock")
             .insert(fault.tid as i32, space.id);
     }
+    if fault.wp {
+        shared.unprotects.begin();
+        let (step, lifted) = serve_write_protected(shared, fault, space, page);
+        shared
+            .unprotects
+            .end(lifted.map(|(start, len)| (space.id, start, len)));
+        return step;
+    }
     let Some((region, i)) = space.lookup(fault.addr) else {
         // Pages a move carried out of a folio that is not back yet: its
         // owner installs them and wakes this range.
@@ -568,26 +596,10 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
         }
         // Other registered memory no region tracks (moved out of a region
         // by a cut, or grown by mremap, or a beacon): fresh anonymous memory
-        // reads as zero, and a stale write protection is lifted.
-        return if fault.wp {
-            unprotect(space, page)
-        } else {
-            zero_page(space, page, false)
-        };
+        // reads as zero.
+        return zero_page(space, page, false);
     };
     let f = &region.folios[i];
-    if fault.wp {
-        bump(&shared.counters.wp_faults);
-        // A write to a folio being evicted waits until the reclaimer is done
-        // with it (it wakes the folio's range); any other protection is
-        // stale (a child's copy of a page its parent was evicting, or a
-        // folio whose eviction missed after a move).
-        return if folio::state(f.load()) == EVICTING {
-            Step::Done
-        } else {
-            unprotect(space, page)
-        };
-    }
     let own = space.is_evicted();
     loop {
         let w = f.load();
@@ -615,7 +627,9 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
                     folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA),
                 ) {
                     drop(gate);
-                    if swapin::swap_in(shared, space, &region, i, server) == SwappedIn::Done && own
+                    if swapin::swap_in(shared, space, &region, i, server, !fault.write)
+                        == SwappedIn::Done
+                        && own
                     {
                         readahead(shared, space, &region, i, server);
                     }
@@ -625,6 +639,12 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
             // A page inside a resident (or untracked) folio that the program
             // dropped: it reads as zero.
             RESIDENT | GONE => return zero_page(space, page, false),
+            // A clean folio missing a page (the kernel freed one the program
+            // had given up with MADV_FREE): its copy is no longer its
+            // contents, so it goes before the page reads as zero.
+            CLEAN => {
+                shared.forget_clean_copy(&region, i);
+            }
             // The reclaimer copying out a folio with a hole in it: the zero
             // page it gets is write-protected like the rest of the folio, so
             // a write racing the eviction waits instead of being dropped.
@@ -637,6 +657,53 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
             EVICTING | LOADING | ZEROING | INHERITING => return Step::Done,
             other => unreachable!("folio state {other}"),
         }
+    }
+}
+
+/// Serves a write-protect fault (under the gate, counted in
+/// [`super::Unprotects`]); returns the step and the range whose protection
+/// it lifted, if any.
+fn serve_write_protected(
+    shared: &Shared,
+    fault: &Fault,
+    space: &Space,
+    page: usize,
+) -> (Step, Option<(usize, usize)>) {
+    let one = Some((page, PAGE_SIZE));
+    let Some((region, i)) = space.lookup(fault.addr) else {
+        if space.awaits_moved_page(page) {
+            return (Step::Done, None);
+        }
+        // Registered memory no region tracks: the protection is stale.
+        return (unprotect(space, page), one);
+    };
+    match folio::state(region.folios[i].load()) {
+        // The first write to a clean folio: its stored copy goes, then the
+        // whole folio is unprotected (which wakes the writer).
+        CLEAN => {
+            if shared.forget_clean_copy(&region, i) {
+                let (start, len) = (region.folio_addr(i), region.folio_size);
+                (unprotect_folio(space, start, len, page), Some((start, len)))
+            } else {
+                // The reclaimer took it meanwhile: decide again.
+                (Step::Again, None)
+            }
+        }
+        // A write to a folio being evicted waits until the reclaimer is
+        // done with it (it wakes the folio's range).
+        EVICTING => {
+            bump(&shared.counters.wp_faults);
+            (Step::Done, None)
+        }
+        // Being loaded for a read: its pages go in write-protected before it
+        // is published CLEAN, and a write that met them waits for the owner
+        // to wake the folio's range, then finds it CLEAN. Lifting the
+        // protection now would let the write in unseen.
+        LOADING => (Step::Done, None),
+        // Any other protection is stale (a child's copy of a page its parent
+        // was evicting, a folio whose eviction missed after a move, or one
+        // whose clean copy was dropped by an event).
+        _ => (unprotect(space, page), one),
     }
 }
 
@@ -664,7 +731,7 @@ fn readahead(
         {
             continue;
         }
-        if swapin::swap_in(shared, space, region, j, server) == SwappedIn::Done {
+        if swapin::swap_in(shared, space, region, j, server, true) == SwappedIn::Done {
             shared
                 .counters
                 .swap_ra

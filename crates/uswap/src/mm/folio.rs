@@ -13,6 +13,20 @@
 //!                                                     POISONED (touch = SIGBUS)
 //! ```
 //!
+//! A folio brought back for a read is CLEAN rather than RESIDENT when the
+//! runtime keeps clean copies: its pages are write-protected and its stored
+//! copy is kept (the word holds its slots), so that evicting it again needs
+//! no compression, only a discard. The first write (a write-protect fault),
+//! a missing page, or any event of the program over it drops the copy and
+//! makes it RESIDENT; the reclaimer takes it as EVICTING like any resident
+//! folio.
+//!
+//! ```text
+//! LOADING --read fault--> CLEAN --write, event, missing page--> RESIDENT
+//!                           |
+//!                           +--reclaim (discard only)--> EVICTING --> SWAPPED
+//! ```
+//!
 //! In a forked child, a folio that its parent was evicting at the fork is
 //! INHERITING until the eviction ends; it then becomes SWAPPED (sharing the
 //! parent's entries) or RESIDENT. GONE: unmapped, or no longer tracked (a
@@ -27,7 +41,7 @@
 //! finishes.
 //!
 //! Word layout: bits 0..4 state, 4..8 flags, 32..64 the first swap slot
-//! (SWAPPED and LOADING).
+//! (SWAPPED, LOADING and CLEAN).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -50,6 +64,9 @@ pub const GONE: u64 = 6;
 pub const INHERITING: u64 = 7;
 /// The stored data was unusable: its missing pages are poisoned.
 pub const POISONED: u64 = 8;
+/// In memory, write-protected and unwritten since it was loaded; its stored
+/// copy is kept, and the word holds its first swap slot.
+pub const CLEAN: u64 = 9;
 
 const STATE_MASK: u64 = 0xf;
 /// Refaulted soon after eviction: gets a second pass in the reclaim FIFO.
@@ -63,7 +80,7 @@ pub fn state(word: u64) -> u64 {
     word & STATE_MASK
 }
 
-/// The first swap slot of a SWAPPED or LOADING word.
+/// The first swap slot of a SWAPPED, LOADING or CLEAN word.
 pub fn slot(word: u64) -> u32 {
     (word >> SLOT_SHIFT) as u32
 }

@@ -160,6 +160,8 @@ pub(crate) struct Shared {
     /// Reads of the userfaultfds the event thread has begun.
     pub reads: AtomicU64,
     pub reclaimer_tid: AtomicI32,
+    /// Write protection lifted by a fault server (see [`Unprotects`]).
+    pub unprotects: Unprotects,
     pub faults: (Mutex<VecDeque<Fault>>, Condvar),
     pub counters: Counters,
     /// Forked children that touched their beacon page: pid -> space id
@@ -185,6 +187,78 @@ pub(crate) struct Shared {
     /// Threads that have made their start-up allocations (see
     /// [`Shared::thread_started`]).
     started: (Mutex<usize>, Condvar),
+}
+
+/// Write-protect faults being served, and protections lifted.
+///
+/// A fault server decides to lift a page's protection from the folio's
+/// state, then lifts it with an ioctl: in between, the folio may have been
+/// taken for eviction (write-protected, copied out) or brought back CLEAN
+/// (installed write-protected), and the lifted protection would let a write
+/// in that the copy does not hold. So a server counts itself in before it
+/// reads the state ([`Unprotects::begin`]) and out after the ioctl, and
+/// whoever relies on a protection it set checks, before relying on it, that
+/// no lift may have crossed it: the reclaimer before it discards a copied
+/// folio, a swap-in before it publishes a folio CLEAN. Lifts are rare (stale
+/// protections, first writes to clean folios) and remembered with their
+/// ranges, so that one crosses only what it overlaps.
+#[derive(Default)]
+pub(crate) struct Unprotects {
+    in_flight: AtomicUsize,
+    /// Protections lifted so far.
+    lifted: AtomicU64,
+    /// The latest lifts: (number, space id, start, length).
+    recent: Mutex<VecDeque<(u64, u32, usize, usize)>>,
+}
+
+/// Lifts remembered for [`Unprotects::none_since`].
+const RECENT_LIFTS: usize = 64;
+
+impl Unprotects {
+    /// A write-protect fault is being served (before its folio is looked at).
+    pub fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Its service ended, having lifted the protection of `lifted` (space
+    /// id, start, length) if any.
+    pub fn end(&self, lifted: Option<(u32, usize, usize)>) {
+        if let Some((space, start, len)) = lifted {
+            let mut recent = self.recent.lock().expect("lifts lock");
+            let n = self.lifted.fetch_add(1, Ordering::SeqCst) + 1;
+            if recent.len() == RECENT_LIFTS {
+                recent.pop_front();
+            }
+            recent.push_back((n, space, start, len));
+        }
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A mark to compare with later (taken before setting a protection).
+    pub fn mark(&self) -> u64 {
+        self.lifted.load(Ordering::SeqCst)
+    }
+
+    /// Whether no protection in `start..start + len` of space `space` was
+    /// lifted since `mark`, once the services in flight have ended (they
+    /// never wait for anything a caller holds). Lifts too old to remember
+    /// count as crossing.
+    pub fn none_since(&self, mark: u64, space: u32, start: usize, len: usize) -> bool {
+        while self.in_flight.load(Ordering::SeqCst) > 0 {
+            std::thread::yield_now();
+        }
+        let recent = self.recent.lock().expect("lifts lock");
+        let now = self.lifted.load(Ordering::SeqCst);
+        if now == mark {
+            return true;
+        }
+        let remembered = recent.front().is_some_and(|&(n, ..)| n <= mark + 1);
+        remembered
+            && recent
+                .iter()
+                .filter(|&&(n, ..)| n > mark)
+                .all(|&(_, s, a, l)| s != space || a + l <= start || start + len <= a)
+    }
 }
 
 /// The compressed paging runtime.
@@ -253,6 +327,7 @@ impl Runtime {
             own_drops: Mutex::new(Vec::new()),
             reads: AtomicU64::new(0),
             reclaimer_tid: AtomicI32::new(0),
+            unprotects: Unprotects::default(),
             faults: (Mutex::new(VecDeque::new()), Condvar::new()),
             counters: Counters::default(),
             fault_latency: latency::Histogram::default(),
@@ -653,6 +728,25 @@ impl Shared {
         }
     }
 
+    /// Drops the stored copy of folio `i` of `region` if it is CLEAN: it
+    /// becomes RESIDENT, its flags kept. Its pages may stay write-protected;
+    /// a write finds that protection stale and lifts it. False if the folio
+    /// is not CLEAN (or stopped being so meanwhile: the reclaimer took it).
+    pub(crate) fn forget_clean_copy(&self, region: &RegionInner, i: usize) -> bool {
+        let f = &region.folios[i];
+        loop {
+            let w = f.load();
+            if folio::state(w) != folio::CLEAN {
+                return false;
+            }
+            if f.transition(w, folio::RESIDENT | (w & (folio::ACTIVE | folio::EXTRA))) {
+                self.store.invalidate(region.slots_of(w));
+                self.counters.clean_dropped.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+    }
+
     /// The event gate's write side, for a thread other than the event
     /// thread that must keep every folio state still (see
     /// [`Shared::read_gate`] for why it waits while events are unapplied).
@@ -761,7 +855,7 @@ impl Shared {
                             folio::with_slot(folio::LOADING, folio::slot(w)) | (w & folio::EXTRA),
                         ) {
                             drop(gate);
-                            swapin::swap_in(self, &own, region, i, &mut Worker);
+                            swapin::swap_in(self, &own, region, i, &mut Worker, false);
                         }
                     }
                     folio::SWAPPED => {
@@ -770,6 +864,9 @@ impl Shared {
                             self.store.invalidate(region.slots_of(w));
                             break;
                         }
+                    }
+                    folio::CLEAN => {
+                        self.forget_clean_copy(region, i);
                     }
                     folio::RESIDENT => {
                         if f.transition(w, folio::GONE) {

@@ -32,7 +32,7 @@
 //! only for its own contents is no reason to pause: the next may compress.
 
 use super::events::{self, Outcome};
-use super::folio::{self, ACTIVE, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
+use super::folio::{self, ACTIVE, CLEAN, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
 use super::memory::{DropError, Memory};
 use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
@@ -55,6 +55,8 @@ struct Victim {
     addr: usize,
     /// The region's move count when the flush began.
     moves: u32,
+    /// The stored copy of a CLEAN folio: nothing to compress, only to drop.
+    clean: Option<SlotRange>,
 }
 
 /// The first pause after a plug the store refused entirely; it doubles with
@@ -211,7 +213,8 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         let i = i as usize;
         let f = &region.folios[i];
         let w = f.load();
-        if folio::state(w) != RESIDENT {
+        let state = folio::state(w);
+        if state != RESIDENT && state != CLEAN {
             continue;
         }
         if w & ACTIVE != 0 {
@@ -226,12 +229,14 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         if !f.transition(w, EVICTING | (w & folio::EXTRA)) {
             continue;
         }
+        let clean = (state == CLEAN).then(|| region.slots_of(w));
         return Some(Victim {
             space,
             region,
             folio: i,
             addr: 0,
             moves: 0,
+            clean,
         });
     }
 }
@@ -290,6 +295,9 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         v.moves = v.region.moves.load(Ordering::Acquire);
         v.addr = v.region.folio_addr(v.folio);
     }
+    // Protections a fault server lifts from here on may cross this flush's
+    // (see `Unprotects`): checked before each run is discarded.
+    let mark = shared.unprotects.mark();
     let mut protected = vec![true; plug.len()];
     for run in runs(plug, |_| true) {
         let (start, len) = run_range(plug, run);
@@ -303,22 +311,44 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             Err(e) => panic!("write-protecting {start:#x}+{len:#x}: {e}"),
         }
     }
-    let sizes: usize = plug.iter().map(|v| v.region.folio_size).sum();
+    // Clean folios are stored already (their pages were write-protected
+    // since they came back, so the copy is what they hold): only the others
+    // are copied out and stored.
+    let fresh: Vec<(usize, usize)> = plug
+        .iter()
+        .filter(|v| v.clean.is_none())
+        .map(|v| (v.addr, v.region.folio_size))
+        .collect();
+    let sizes: usize = fresh.iter().map(|&(_, len)| len).sum();
     if staging.len() < sizes {
         staging.resize(sizes, 0);
     }
-    let copied = protected.iter().all(|&p| p) && copy_out(memory, plug, &mut staging[..sizes]);
-    let mut folios: Vec<&[u8]> = Vec::with_capacity(plug.len());
+    let whole = protected.iter().all(|&p| p);
+    let copied = whole && copy_out(memory, &fresh, &mut staging[..sizes]);
+    let mut folios: Vec<&[u8]> = Vec::with_capacity(fresh.len());
     let mut at = 0;
-    for v in plug.iter() {
-        folios.push(&staging[at..at + v.region.folio_size]);
-        at += v.region.folio_size;
+    for &(_, len) in &fresh {
+        folios.push(&staging[at..at + len]);
+        at += len;
     }
-    let mut results: Vec<Result<SlotRange, StoreError>> = if copied {
+    let mut stored = if copied {
         shared.store.store_batch(&folios)
     } else {
-        plug.iter().map(|_| Err(StoreError::Io)).collect()
-    };
+        fresh.iter().map(|_| Err(StoreError::Io)).collect()
+    }
+    .into_iter();
+    let mut results: Vec<Result<SlotRange, StoreError>> = plug
+        .iter()
+        .map(|v| match v.clean {
+            Some(range) if whole => Ok(range),
+            Some(range) => {
+                // It stays resident, no longer clean.
+                shared.store.invalidate(range);
+                Err(StoreError::Io)
+            }
+            None => stored.next().expect("a result per fresh folio"),
+        })
+        .collect();
     shared
         .counters
         .reclaim_batches
@@ -348,7 +378,10 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             let moved_away = plug[first..first + count]
                 .iter()
                 .any(|v| v.region.moves.load(Ordering::Acquire) != v.moves);
-            if moved_away {
+            // A write let in by a protection lifted meanwhile would be lost
+            // with the discard: the copies are void then too.
+            let written = !shared.unprotects.none_since(mark, space.id, start, len);
+            if moved_away || written {
                 for r in &mut results[first..first + count] {
                     if let Ok(range) = *r {
                         shared.store.invalidate(range);
@@ -401,7 +434,14 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     });
     let mut progress = false;
     for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
-        progress |= finish_folio(shared, space, &v.region, v.folio, result, was_protected);
+        let gone = finish_folio(shared, space, &v.region, v.folio, result, was_protected);
+        if gone && v.clean.is_some() {
+            shared
+                .counters
+                .clean_evictions
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        progress |= gone;
     }
     if progress {
         Flushed::Progress
@@ -536,10 +576,10 @@ fn finish_folio(
         swapin::wake_range(space, to, len);
     }
     if bring_back {
-        swapin::swap_in(shared, space, region, i, &mut Worker);
+        swapin::swap_in(shared, space, region, i, &mut Worker, false);
     }
     for fu in follow_ups {
-        swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker);
+        swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker, false);
     }
     stored.is_some()
 }
@@ -568,19 +608,19 @@ fn settled_gate<'a>(
     }
 }
 
-/// Reads the plugged folios into `staging` with one `process_vm_readv`.
-fn copy_out(memory: &Memory, plug: &[Victim], staging: &mut [u8]) -> bool {
-    let mut local = Vec::with_capacity(plug.len());
-    let mut remote = Vec::with_capacity(plug.len());
+/// Reads the folios at `folios` (address, length) into `staging`, back to
+/// back, with one `process_vm_readv`.
+fn copy_out(memory: &Memory, folios: &[(usize, usize)], staging: &mut [u8]) -> bool {
+    let mut local = Vec::with_capacity(folios.len());
+    let mut remote = Vec::with_capacity(folios.len());
     let mut at = 0;
-    for v in plug {
-        let fs = v.region.folio_size;
+    for &(addr, fs) in folios {
         local.push(libc::iovec {
             iov_base: staging[at..].as_mut_ptr().cast(),
             iov_len: fs,
         });
         remote.push(libc::iovec {
-            iov_base: v.addr as *mut _,
+            iov_base: addr as *mut _,
             iov_len: fs,
         });
         at += fs;
@@ -608,6 +648,9 @@ fn release_plug(shared: &Shared, plug: &mut Vec<Victim>) {
     for v in plug.drain(..) {
         let f = &v.region.folios[v.folio];
         f.set(RESIDENT | (f.load() & folio::EXTRA));
+        if let Some(range) = v.clean {
+            shared.store.invalidate(range);
+        }
         events::resolve_inheritors(
             shared,
             v.space.id,

@@ -13,7 +13,9 @@
 //!    skipped, pages it moved go where they now live;
 //! 4. under the event gate (see [`super::Shared::gate`]) the folio's new
 //!    state is published, and only then is this address space's reference to
-//!    the stored entries dropped;
+//!    the stored entries dropped, unless the folio was brought back for a
+//!    read and is published CLEAN: its pages went in write-protected and the
+//!    entries stay as its clean copy (see [`super::folio`]);
 //! 5. the waiting threads are woken (last, so that a thread that goes on
 //!    finds every bit of bookkeeping done).
 //!
@@ -21,7 +23,7 @@
 //! poisons the folio's missing pages instead: every touch raises SIGBUS, the
 //! kernel's answer to a failed swap-in, never wrong bytes.
 
-use super::folio::{self, ACTIVE, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
+use super::folio::{self, ACTIVE, CLEAN, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
 use super::space::{Extras, RegionInner, Space};
 use super::uffd::{Partial, UffdError};
 use super::{FolioRef, Shared};
@@ -76,6 +78,9 @@ impl Server for Worker {
 pub(crate) enum Source<'a> {
     /// The folio's bytes.
     Data(&'a [u8]),
+    /// The folio's bytes, write-protected: a write raises a fault before it
+    /// changes them.
+    Protected(&'a [u8]),
     /// Poison markers (a touch raises SIGBUS).
     Poison,
 }
@@ -245,6 +250,9 @@ fn fill(space: &Space, dst: usize, p: usize, q: usize, source: Source<'_>) -> Re
         Source::Data(data) => space
             .uffd
             .copy(dst, &data[p * PAGE_SIZE..q * PAGE_SIZE], false),
+        Source::Protected(data) => space
+            .uffd
+            .copy(dst, &data[p * PAGE_SIZE..q * PAGE_SIZE], true),
         Source::Poison => space.uffd.poison(dst, (q - p) * PAGE_SIZE),
     }
 }
@@ -275,6 +283,9 @@ fn settled_state(extras: &Extras, pages: usize) -> u64 {
 
 /// Publishes a folio whose pages are in place (under the gate): its new
 /// state, resident accounting and reclaim order for the runtime's own space.
+/// With `clean_copy` (the first slot of a stored copy kept for it, its pages
+/// installed write-protected) a folio that settles resident and whole is
+/// published CLEAN; returns whether it was.
 fn publish_settled(
     shared: &Shared,
     space: &Space,
@@ -282,16 +293,23 @@ fn publish_settled(
     i: usize,
     extras: &Extras,
     active: bool,
-) {
+    clean_copy: Option<u32>,
+) -> bool {
     let state = settled_state(extras, region.pages_per_folio() as usize);
     // A settled folio keeps no extras: its holes are missing pages, which
     // read as zero (resident) or are no longer ours (gone).
+    let whole = extras.holes().is_empty() && extras.lost.is_empty();
     space.take_extras(region, i);
     let resident = state == RESIDENT && space.is_evicted();
+    let clean = match clean_copy {
+        Some(slot) if resident && whole => Some(folio::with_slot(CLEAN, slot)),
+        _ => None,
+    };
+    let settled = clean.unwrap_or(state);
     region.folios[i].set(if resident && active {
-        RESIDENT | ACTIVE
+        settled | ACTIVE
     } else {
-        state
+        settled
     });
     if resident {
         shared
@@ -306,6 +324,7 @@ fn publish_settled(
             shared.kick_reclaim();
         }
     }
+    clean.is_some()
 }
 
 /// First touch of an untouched folio (owned as ZEROING): zero pages.
@@ -328,7 +347,9 @@ pub(crate) fn zero_fill(
             i,
             Source::Data(zeros),
             server,
-            &mut |extras| publish_settled(shared, space, region, i, extras, false),
+            &mut |extras| {
+                publish_settled(shared, space, region, i, extras, false, None);
+            },
         )
     });
     shared.counters.zero_fills.fetch_add(1, Ordering::Relaxed);
@@ -350,17 +371,28 @@ pub(crate) enum SwappedIn {
 }
 
 /// Brings folio `i` (owned by the caller as LOADING, the word holding its
-/// slots) back in, then drops this space's reference to its entries.
+/// slots) back in, then drops this space's reference to its entries. With
+/// `for_read` (a read fault or readahead: nothing is writing to it yet) the
+/// folio is kept CLEAN where the runtime keeps clean copies, this space's
+/// own memory is concerned, nothing happened to part of it, and the pool
+/// has room: the entries then stay as its copy.
 pub(crate) fn swap_in(
     shared: &Shared,
     space: &Space,
     region: &RegionInner,
     i: usize,
     server: &mut dyn Server,
+    for_read: bool,
 ) -> SwappedIn {
     let word = region.folios[i].load();
     debug_assert_eq!(folio::state(word), LOADING);
     let range = region.slots_of(word);
+    let keep = for_read
+        && shared.config.keep_clean_copies
+        && space.is_evicted()
+        && word & folio::EXTRA == 0
+        && shared.store.has_room();
+    let mut kept = false;
     let read = FOLIO_BUF.with(|b| {
         let mut buf = b.borrow_mut();
         if buf.len() < region.folio_size {
@@ -375,15 +407,26 @@ pub(crate) fn swap_in(
         let now = shared.evictions.load(Ordering::Relaxed);
         let distance = now.wrapping_sub(region.evicted_at[i].load(Ordering::Relaxed)) as usize;
         let active = distance < shared.memory_high() / region.folio_size;
+        let source = if keep {
+            Source::Protected(buf)
+        } else {
+            Source::Data(buf)
+        };
+        let mark = shared.unprotects.mark();
+        let (start, len) = (region.folio_addr(i), region.folio_size);
         Some(install(
             shared,
             space,
             region,
             i,
-            Source::Data(buf),
+            source,
             server,
             &mut |extras| {
-                publish_settled(shared, space, region, i, extras, active);
+                // Clean only if no protection was lifted across the
+                // folio's since its pages went in (see `Unprotects`).
+                let clean_copy = (keep && shared.unprotects.none_since(mark, space.id, start, len))
+                    .then_some(range.first);
+                kept = publish_settled(shared, space, region, i, extras, active, clean_copy);
                 if active {
                     shared
                         .counters
@@ -395,7 +438,14 @@ pub(crate) fn swap_in(
     });
     match read {
         Some(Installed::Done(wake)) => {
-            shared.store.invalidate(range);
+            if kept {
+                shared
+                    .counters
+                    .clean_installs
+                    .fetch_add(1, Ordering::Relaxed);
+            } else {
+                shared.store.invalidate(range);
+            }
             shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
             wake.wake(space);
             SwappedIn::Done

@@ -426,6 +426,12 @@ impl Zswap {
         self.inner.invalidate(range)
     }
 
+    /// Whether the pool takes new objects now (below its limit, or drained
+    /// below the accept threshold since it was full).
+    pub fn has_room(&self) -> bool {
+        self.inner.pool_accepts(0)
+    }
+
     /// Writes up to `max_pages` cold pool entries back to the swap file;
     /// returns how many were written.
     pub fn writeback(&self, max_pages: usize) -> usize {
