@@ -114,8 +114,8 @@ pub struct RuntimeArgs {
     pub accept_threshold_percent: u8,
     /// Compression engines per runtime (0..64), or auto: the machine's
     /// CPUs shared among the runtimes of the run, none where a runtime's
-    /// share is below two, and none where a batch on them does not beat the
-    /// caller at start-up (see `Engines::choose`).
+    /// share is below two, and none where a batch on them is slower than on
+    /// the caller at start-up (see `Engines::choose`).
     #[arg(long, env = "USWAP_ENGINES", default_value = "auto", value_parser = engines)]
     pub engines: Engines,
     /// Directory for a swap file (none by default).
@@ -136,6 +136,31 @@ pub struct RuntimeArgs {
     /// a by_n frame of N segments, decompressed in parallel on the engines).
     #[arg(long, env = "USWAP_LAYOUT", default_value = "page", value_parser = layout)]
     pub layout: Layout,
+    /// What a folio brought back for a read does with its stored copy:
+    /// keep (its pages write-protected; evicted again unwritten, it needs no
+    /// compression) or drop.
+    #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "keep")]
+    pub clean_copies: CleanCopies,
+}
+
+/// What a folio read back does with its stored copy.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanCopies {
+    /// Kept while the folio is unwritten.
+    Keep,
+    /// Dropped at once.
+    Drop,
+}
+
+impl CleanCopies {
+    /// The value as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CleanCopies::Keep => "keep",
+            CleanCopies::Drop => "drop",
+        }
+    }
 }
 
 /// A store layout: page, folio or byn:N.
@@ -174,8 +199,8 @@ impl Engines {
     /// Engines for each of `runtimes` runtimes compressing with `codec`
     /// in batches of `plug_pages` pages: [`Engines::per_runtime`], and for
     /// auto, when that gives a runtime engines, a measurement at start-up
-    /// ([`uswap::accel::probe`]) that keeps them only if a batch on them
-    /// takes at most 0.9x the time it takes on the caller.
+    /// ([`uswap::accel::probe`]) that keeps them unless a batch on them
+    /// takes longer than it takes on the caller.
     pub fn choose(self, runtimes: usize, cpus: usize, codec: &str, plug_pages: usize) -> usize {
         let n = self.per_runtime(runtimes, cpus);
         if self != Engines::Auto || n == 0 {
@@ -184,9 +209,17 @@ impl Engines {
         let Ok(codec) = uswap::codec::by_name(codec) else {
             return n;
         };
-        match uswap::accel::probe::batching(n, codec.as_ref(), plug_pages.clamp(16, 256)) {
-            Ok(probe) if probe.ratio() > BATCHING_PAYS_BELOW => 0,
-            _ => n,
+        // A busy moment can make one probe lose: the engines go only if
+        // three in a row say so.
+        let pages = plug_pages.clamp(16, 256);
+        let lost = (0..3).all(|_| {
+            uswap::accel::probe::batching(n, codec.as_ref(), pages)
+                .is_ok_and(|probe| probe.ratio() > BATCHING_PAYS_BELOW)
+        });
+        if lost {
+            0
+        } else {
+            n
         }
     }
 
@@ -204,9 +237,11 @@ impl Engines {
     }
 }
 
-/// Auto keeps the engines when a batch on them takes less than this share
-/// of the time it takes page by page on the caller.
-const BATCHING_PAYS_BELOW: f64 = 0.9;
+/// Auto keeps the engines unless a batch on them takes more than this share
+/// of the time it takes page by page on the caller: on an idle 2-CPU machine
+/// the share is 0.57-0.63, and a busy moment at start-up pushes it towards
+/// 1, which alone is no reason to go without them.
+const BATCHING_PAYS_BELOW: f64 = 1.0;
 
 impl std::fmt::Display for Engines {
     /// As `--engines` takes it.
@@ -277,6 +312,7 @@ impl RuntimeArgs {
             slot_free: self.slot_free,
             discard_by_move: self.discard == Discard::Move,
             layout: self.layout,
+            keep_clean_copies: self.clean_copies == CleanCopies::Keep,
             ..uswap::mm::RuntimeConfig::default()
         }
     }

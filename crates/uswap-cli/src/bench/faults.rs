@@ -12,7 +12,7 @@
 
 use super::floor;
 use super::{progress, quantile, write_json, Latency, Table};
-use crate::args::{self, Discard};
+use crate::args::{self, CleanCopies, Discard};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -68,6 +68,15 @@ pub struct Args {
     /// are measured side by side.
     #[arg(long, default_value = "page", value_parser = args::layout, value_delimiter = ',')]
     layout: Vec<Layout>,
+    /// What a folio read back does with its stored copy (keep, drop);
+    /// both measured side by side when both are given.
+    #[arg(long, default_value = "keep", value_delimiter = ',')]
+    clean_copies: Vec<CleanCopies>,
+    /// What each touch does: read a byte, write one, or update one (read,
+    /// then write it back changed: the second access of a folio brought
+    /// back clean is a write-protect fault).
+    #[arg(long, default_value = "read")]
+    access: Access,
     /// Write every figure as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -85,7 +94,17 @@ struct Setup {
     free: FreeMode,
     discard: Discard,
     layout: Layout,
+    clean: CleanCopies,
     spin_us: u64,
+}
+
+/// What a touch does.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    Read,
+    Write,
+    Update,
 }
 
 /// Whether faults also need evictions.
@@ -113,6 +132,8 @@ struct Row {
     free_mode: &'static str,
     discard: Discard,
     layout: String,
+    clean_copies: CleanCopies,
+    access: Access,
     /// As given, and what auto chose for this configuration.
     engines: String,
     faults: usize,
@@ -192,6 +213,7 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duratio
         event_spin: Duration::from_micros(setup.spin_us),
         discard_by_move: setup.discard == Discard::Move,
         layout: setup.layout,
+        keep_clean_copies: setup.clean == CleanCopies::Keep,
         ..RuntimeConfig::default()
     })
     .map_err(|e| format!("starting the runtime: {e}"))?;
@@ -238,6 +260,7 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duratio
     rand::seq::SliceRandom::shuffle(&mut order[..], &mut rand::rngs::StdRng::seed_from_u64(7));
     let order = &order;
     let threads = args.threads as usize;
+    let access = args.access;
     let rt = &rt;
     let started = Instant::now();
     let samples: Vec<Vec<u64>> = std::thread::scope(|s| {
@@ -262,9 +285,20 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<(Vec<u64>, Duratio
                             continue;
                         }
                         let t0 = Instant::now();
+                        let p = addr as *mut u8;
                         // SAFETY: an address inside the region, which lives
                         // until the threads are joined.
-                        unsafe { std::ptr::read_volatile(addr as *const u8) };
+                        unsafe {
+                            match access {
+                                Access::Read => {
+                                    std::ptr::read_volatile(p);
+                                }
+                                Access::Write => std::ptr::write_volatile(p, 0x5a),
+                                Access::Update => {
+                                    std::ptr::write_volatile(p, std::ptr::read_volatile(p) ^ 1)
+                                }
+                            }
+                        }
                         lat.push(t0.elapsed().as_nanos() as u64);
                     }
                     lat
@@ -315,15 +349,18 @@ pub fn run(args: &Args) -> Result<(), String> {
             for &free in &args.slot_free {
                 for &discard in &args.discard {
                     for &layout in &args.layout {
-                        for &spin_us in &args.event_spin_us {
-                            setups.push(Setup {
-                                pressure,
-                                folio,
-                                free,
-                                discard,
-                                layout,
-                                spin_us,
-                            });
+                        for &clean in &args.clean_copies {
+                            for &spin_us in &args.event_spin_us {
+                                setups.push(Setup {
+                                    pressure,
+                                    folio,
+                                    free,
+                                    discard,
+                                    layout,
+                                    clean,
+                                    spin_us,
+                                });
+                            }
                         }
                     }
                 }
@@ -348,11 +385,12 @@ pub fn run(args: &Args) -> Result<(), String> {
         ));
         let (row, lat) = row(args, &floors, setup, &pages)?;
         let label = format!(
-            "{} {} {} {}{}",
+            "{} {} {} {} {}{}",
             row.folio,
             row.free_mode,
             row.discard.name(),
             row.layout,
+            setup.clean.name(),
             if setup.spin_us > 0 {
                 format!(" spin {}us", setup.spin_us)
             } else {
@@ -418,6 +456,8 @@ fn row(
         free_mode: setup.free.name(),
         discard: setup.discard,
         layout: setup.layout.to_string(),
+        clean_copies: setup.clean,
+        access: args.access,
         engines: args.engines.describe_as(engines),
         faults: lat.len(),
         latency,
@@ -437,6 +477,8 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
                 "free mode",
                 "discard",
                 "layout",
+                "clean",
+                "engines",
                 "spin us",
                 "faults",
             ][..],
@@ -452,6 +494,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
             r.free_mode.to_string(),
             r.discard.name().to_string(),
             r.layout.clone(),
+            r.clean_copies.name().to_string(),
             r.engines.clone(),
             r.event_spin_us.to_string(),
             r.faults.to_string(),
@@ -463,8 +506,9 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
         t.row(cells);
     }
     t.print(&format!(
-        "Swap-in faults: {} threads touching {} of corpus pages under a {} limit (floor = round trip + raw decompression)",
+        "Swap-in faults: {} threads touching ({:?}) {} of corpus pages under a {} limit (floor = round trip + raw decompression)",
         args.threads,
+        args.access,
         format_size(args.size),
         format_size(args.memory_high),
     ));
