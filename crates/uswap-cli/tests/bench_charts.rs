@@ -5,6 +5,16 @@ use std::process::Command;
 
 const USWAP: &str = env!("CARGO_BIN_EXE_uswap");
 
+/// Runs the command and fails the test, with its stderr, if it fails.
+fn succeeds(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn chart(dir: &std::path::Path, name: &str) -> String {
     let path = dir.join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -19,17 +29,12 @@ fn chart(dir: &std::path::Path, name: &str) -> String {
 #[test]
 fn bench_codecs_draws_the_by_n_charts() {
     let dir = std::env::temp_dir().join(format!("uswap-charts-{}", std::process::id()));
-    let out = Command::new(USWAP)
-        .args([
-            "bench", "codecs", "--codecs", "lz4", "--folios", "4k", "--rounds", "1", "--svg",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        Command::new(USWAP)
+            .args([
+                "bench", "codecs", "--codecs", "lz4", "--folios", "4k", "--rounds", "1", "--svg",
+            ])
+            .arg(&dir),
     );
     let latency = chart(&dir, "byn-latency.svg");
     assert!(latency.contains("compress") && latency.contains("decompress"));
@@ -40,29 +45,24 @@ fn bench_codecs_draws_the_by_n_charts() {
 #[test]
 fn bench_faults_draws_a_latency_chart_per_mode() {
     let dir = std::env::temp_dir().join(format!("uswap-fault-charts-{}", std::process::id()));
-    let out = Command::new(USWAP)
-        .args([
-            "bench",
-            "faults",
-            "--faults",
-            "200",
-            "--folios",
-            "64k",
-            "--slot-free",
-            "async",
-            "--size",
-            "64M",
-            "--memory-high",
-            "16M",
-            "--svg",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        Command::new(USWAP)
+            .args([
+                "bench",
+                "faults",
+                "--faults",
+                "200",
+                "--folios",
+                "64k",
+                "--slot-free",
+                "async",
+                "--size",
+                "64M",
+                "--memory-high",
+                "16M",
+                "--svg",
+            ])
+            .arg(&dir),
     );
     for mode in ["pressure", "no-pressure"] {
         let text = chart(&dir, &format!("faults-{mode}.svg"));
@@ -76,34 +76,29 @@ fn bench_usemem_draws_a_bar_per_configuration() {
     let dir = std::env::temp_dir().join(format!("uswap-usemem-charts-{}", std::process::id()));
     let json = dir.join("usemem.json");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(USWAP)
-        .args([
-            "bench",
-            "usemem",
-            "16M",
-            "-n",
-            "2",
-            "--memory-high",
-            "8M",
-            "--engines",
-            "auto,0",
-            "--layout",
-            "page,folio",
-            "--modes",
-            "threads",
-            "--rounds",
-            "1",
-            "--json",
-        ])
-        .arg(&json)
-        .arg("--svg")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        Command::new(USWAP)
+            .args([
+                "bench",
+                "usemem",
+                "16M",
+                "-n",
+                "2",
+                "--memory-high",
+                "8M",
+                "--engines",
+                "auto,0",
+                "--layout",
+                "page,folio",
+                "--modes",
+                "threads",
+                "--rounds",
+                "1",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--svg")
+            .arg(&dir),
     );
     let text = chart(&dir, "usemem.svg");
     for label in [
