@@ -559,11 +559,16 @@ fn finish_folio(
             }
         }
     }
+    let resident = folio::state(f.load()) == RESIDENT;
     drop(gate);
     let start = region.folio_addr(i);
-    if stored.is_none() && was_protected {
-        // Lifting the protection wakes the writers held on it; a part the
-        // program unmapped or moved has no protection left to lift.
+    if resident && was_protected {
+        // Lifting the protection wakes the writers held on it. Only a folio
+        // that stayed resident here: what is left of one that went GONE (a
+        // part unmapped or moved) may lie where other memory now is, whose
+        // protection is not ours to lift; a write there finds the
+        // protection stale and lifts it as any other (counted, see
+        // `Unprotects`).
         match write_protect(space, start, fs, false) {
             Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
             Err(e) => panic!("lifting write protection at {start:#x}: {e}"),

@@ -128,7 +128,10 @@ pub(crate) fn with_zero_folio<R>(size: usize, f: impl FnOnce(&[u8]) -> R) -> R {
 }
 
 /// Installs `source` over folio `i` of `region` honouring its extras, then
-/// runs `finish` under the event gate with the extras it honoured. Returns
+/// runs `finish` under the event gate with the extras it honoured and
+/// whether this install put every page the extras leave in place (false
+/// when a page was there already or had no mapping: its bytes are not the
+/// source's, nor is it protected by a `Protected` install). Returns
 /// what to wake: the folio's whole range and every place its pages moved to
 /// (a thread may wait on a page that was skipped: it refaults and finds the
 /// folio settled).
@@ -139,10 +142,12 @@ pub(crate) fn install(
     i: usize,
     source: Source<'_>,
     server: &mut dyn Server,
-    finish: &mut dyn FnMut(&Extras),
+    finish: &mut dyn FnMut(&Extras, bool),
 ) -> Installed {
     let pages = region.pages_per_folio() as usize;
     let mut done = crate::page::PageMask::default();
+    // A page skipped because it was there already or had no mapping.
+    let mut skipped = false;
     'attempts: loop {
         let Some(gate) = server.enter(shared) else {
             server.on_eagain();
@@ -179,6 +184,7 @@ pub(crate) fn install(
                         // Already there (installed by someone, or present):
                         // leave it.
                         UffdError::Exists => {
+                            skipped = true;
                             done.insert_range(k, k + 1);
                             p = k + 1;
                         }
@@ -193,11 +199,11 @@ pub(crate) fn install(
                             for page in k..q {
                                 let d = dst + (page - p) * PAGE_SIZE;
                                 match fill(space, d, page, page + 1, source) {
-                                    Ok(())
-                                    | Err(Partial {
+                                    Ok(()) => {}
+                                    Err(Partial {
                                         error: UffdError::Exists | UffdError::NoMapping,
                                         ..
-                                    }) => {}
+                                    }) => skipped = true,
                                     Err(Partial {
                                         error: UffdError::Again,
                                         ..
@@ -220,6 +226,7 @@ pub(crate) fn install(
                             p = q;
                         }
                         UffdError::NoMapping => {
+                            skipped = true;
                             done.insert_range(k, k + 1);
                             p = k + 1;
                         }
@@ -236,7 +243,7 @@ pub(crate) fn install(
                 }
             }
         }
-        finish(&extras);
+        finish(&extras, !skipped);
         drop(gate);
         let mut wake = vec![(at, region.folio_size)];
         wake.extend(extras.moved_ranges());
@@ -347,7 +354,7 @@ pub(crate) fn zero_fill(
             i,
             Source::Data(zeros),
             server,
-            &mut |extras| {
+            &mut |extras, _| {
                 publish_settled(shared, space, region, i, extras, false, None);
             },
         )
@@ -421,11 +428,15 @@ pub(crate) fn swap_in(
             i,
             source,
             server,
-            &mut |extras| {
-                // Clean only if no protection was lifted across the
-                // folio's since its pages went in (see `Unprotects`).
-                let clean_copy = (keep && shared.unprotects.none_since(mark, space.id, start, len))
-                    .then_some(range.first);
+            &mut |extras, every_page| {
+                // Clean only if this install protected every page (one that
+                // was there already holds bytes of its own, unprotected) and
+                // no protection was lifted across the folio's since its pages
+                // went in (see `Unprotects`).
+                let clean_copy = (keep
+                    && every_page
+                    && shared.unprotects.none_since(mark, space.id, start, len))
+                .then_some(range.first);
                 kept = publish_settled(shared, space, region, i, extras, active, clean_copy);
                 if active {
                     shared
@@ -463,7 +474,7 @@ pub(crate) fn swap_in(
                 i,
                 Source::Poison,
                 server,
-                &mut |_| {
+                &mut |_, _| {
                     space.take_extras(region, i);
                     region.folios[i].set(POISONED);
                 },
