@@ -14,7 +14,9 @@
 //! `USWAP_MODEL_TRACE=1` prints every operation. Large folios are stored
 //! page by page, as one object or as a by_n frame, by turns from seed to
 //! seed; `USWAP_MODEL_LAYOUT` (page, folio, byn:N) holds one.
-//! `USWAP_MODEL_CLEAN=drop` runs without clean copies.
+//! `USWAP_MODEL_CLEAN=drop` runs without clean copies;
+//! `USWAP_MODEL_DISCARD=in-place` drops stored pages in place instead of
+//! moving them out.
 
 mod common;
 
@@ -493,6 +495,7 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
         folio_size: folio,
         layout,
         keep_clean_copies: std::env::var("USWAP_MODEL_CLEAN").as_deref() != Ok("drop"),
+        discard_by_move: std::env::var("USWAP_MODEL_DISCARD").as_deref() != Ok("in-place"),
         swap_file: swap_file.then(|| (std::env::temp_dir(), 256 << 20)),
         max_pool_bytes: Some(64 << 20),
         ..RuntimeConfig::default()
