@@ -247,11 +247,12 @@ impl Unprotects {
         while self.in_flight.load(Ordering::SeqCst) > 0 {
             std::thread::yield_now();
         }
-        let recent = self.recent.lock().expect("lifts lock");
-        let now = self.lifted.load(Ordering::SeqCst);
-        if now == mark {
+        // The common case, on every flush run and clean publication: no
+        // lift at all, and no lock to take.
+        if self.lifted.load(Ordering::SeqCst) == mark {
             return true;
         }
+        let recent = self.recent.lock().expect("lifts lock");
         let remembered = recent.front().is_some_and(|&(n, ..)| n <= mark + 1);
         remembered
             && recent
