@@ -1188,3 +1188,53 @@ fn discard_after_a_move_of_the_region(discard_by_move: bool) {
         unsafe { libc::munmap(old as *mut _, len) };
     });
 }
+
+/// A soak of the model with every drop in place lost pages of 2 MiB
+/// folios now and then (both parent and child read zeros). The reclaimer's
+/// MADV_DONTNEED of a folio raises one REMOVE for the whole mapping and
+/// waits for it to be read, with the mapping's lock let go; the program's
+/// mprotect of the middle splits the mapping in three meanwhile. The
+/// kernel then drops only the first piece and raises the middle and last
+/// pieces again: the middle one, ending short of the drop's end, was taken
+/// for the program's own MADV_DONTNEED, and its pages read as zeros.
+#[test]
+fn a_drop_in_place_split_by_mprotect_while_it_waits_keeps_every_page() {
+    within(Duration::from_secs(60), || {
+        const FOLIO_2M: usize = 2 * MIB;
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: FOLIO_2M,
+            discard_by_move: false,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let len = 2 * FOLIO_2M;
+        let region = rt.map(len).unwrap();
+        let base = region.as_ptr() as usize;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, expect(base, base + i * 8));
+        }
+        rt.hold_events_at_next_drop();
+        rt.set_memory_high(FOLIO_2M);
+        assert!(rt.wait_events_held(), "no drop in place raised its event");
+        // The middle quarter of each folio, whichever is being dropped.
+        for folio in [base, base + FOLIO_2M] {
+            let middle = folio + FOLIO_2M / 4;
+            // SAFETY: changing the protection of part of our own region,
+            // which nothing writes any more.
+            assert_eq!(
+                unsafe { libc::mprotect(middle as *mut _, FOLIO_2M / 4, libc::PROT_READ) },
+                0
+            );
+        }
+        rt.release_events();
+        assert!(eventually(
+            || rt.is_swapped(base as *const u8) || rt.is_swapped((base + FOLIO_2M) as *const u8)
+        ));
+        rt.set_memory_high(16 * MIB);
+        check_range(base, base, base + len, "the folios split mid-drop");
+        let stats = rt.stats();
+        assert!(stats.discarded_in_place > 0, "{stats:?}");
+    });
+}

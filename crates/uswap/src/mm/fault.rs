@@ -98,6 +98,8 @@ impl EventThread<'_> {
     /// for malloc) and allocates nothing before the fork event is in.
     fn read_pending(&mut self) -> usize {
         let shared = self.shared;
+        #[cfg(feature = "fault-injection")]
+        shared.hold_events_if_armed();
         let mut read = 0;
         let gate = loop {
             if shared.fork_pending.load(Ordering::SeqCst) {

@@ -177,6 +177,15 @@ impl Memory {
         }
     }
 
+    /// The mapping (VMA) that holds `addr` now, if any.
+    pub fn mapping_at(&self, addr: usize) -> Option<(usize, usize)> {
+        let path = match self {
+            Memory::Own { .. } => "/proc/self/maps".to_string(),
+            Memory::Remote { pid, .. } => format!("/proc/{pid}/maps"),
+        };
+        mapping_in(&std::fs::read_to_string(path).ok()?, addr)
+    }
+
     /// Whether any page of `start..end` is unmapped.
     pub fn any_unmapped(&self, start: usize, end: usize) -> bool {
         match self {
@@ -201,6 +210,13 @@ impl Memory {
             }
         }
     }
+}
+
+/// The mapping holding `addr` in a /proc/PID/maps listing.
+fn mapping_in(maps: &str, addr: usize) -> Option<(usize, usize)> {
+    maps.lines()
+        .filter_map(maps_range)
+        .find(|&(lo, hi)| lo <= addr && addr < hi)
 }
 
 /// The `start-end` range of one line of /proc/PID/maps.

@@ -109,9 +109,8 @@ struct OwnDrop {
     space: u32,
     start: usize,
     end: usize,
-    /// The end of the part from `start` on that the events taken as this
-    /// drop's cover.
-    cursor: usize,
+    /// The range of the last event taken as this drop's, if any.
+    last: Option<(usize, usize)>,
     /// The event thread's read count when the call returned, once it has.
     returned_at: Option<u64>,
 }
@@ -153,6 +152,10 @@ pub(crate) struct Shared {
     /// [`Runtime::hold_next_discard`]).
     #[cfg(feature = "fault-injection")]
     pub discard_hold: (Mutex<DiscardHold>, Condvar),
+    /// Tests: the event thread stops before reading an own drop's event
+    /// while armed (see [`Runtime::hold_events_at_next_drop`]).
+    #[cfg(feature = "fault-injection")]
+    pub event_hold: (Mutex<DiscardHold>, Condvar),
     /// Turns at the room the reclaimer frees, first come first served
     /// between the fillers: (next ticket, ticket now served).
     pub room_turns: (AtomicU64, AtomicU64),
@@ -324,6 +327,8 @@ impl Runtime {
             waiting_for_room: AtomicUsize::new(0),
             #[cfg(feature = "fault-injection")]
             discard_hold: (Mutex::new(DiscardHold::Off), Condvar::new()),
+            #[cfg(feature = "fault-injection")]
+            event_hold: (Mutex::new(DiscardHold::Off), Condvar::new()),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
             own_drops: Mutex::new(Vec::new()),
             reads: AtomicU64::new(0),
@@ -562,6 +567,38 @@ impl Runtime {
     }
 }
 
+#[cfg(feature = "fault-injection")]
+impl Runtime {
+    /// Tests: once the reclaimer's next drop in place has raised its event,
+    /// the event thread leaves it unread until [`Runtime::release_events`]:
+    /// the drop waits inside its madvise, with the mapping's lock let go,
+    /// so that a test can change the address space in that window.
+    pub fn hold_events_at_next_drop(&self) {
+        *self.shared.event_hold.0.lock().expect("hold lock") = DiscardHold::Armed;
+    }
+
+    /// Tests: waits (at most ten seconds) until a drop's event is held
+    /// unread; false if none was.
+    pub fn wait_events_held(&self) -> bool {
+        let (lock, cv) = &self.shared.event_hold;
+        let held = cv
+            .wait_timeout_while(
+                lock.lock().expect("hold lock"),
+                std::time::Duration::from_secs(10),
+                |h| *h != DiscardHold::Held,
+            )
+            .expect("hold lock");
+        *held.0 == DiscardHold::Held
+    }
+
+    /// Tests: lets the event thread read the held event (and go on).
+    pub fn release_events(&self) {
+        let (lock, cv) = &self.shared.event_hold;
+        *lock.lock().expect("hold lock") = DiscardHold::Released;
+        cv.notify_all();
+    }
+}
+
 /// Where the test hold of a flush stands.
 #[cfg(feature = "fault-injection")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -587,6 +624,42 @@ impl Shared {
             cv.wait_while(h, |h| *h == DiscardHold::Held)
                 .expect("hold lock"),
         );
+    }
+
+    /// The event thread, before it reads: while a test holds it, and one of
+    /// the reclaimer's drops in place is under way, waits until that drop's
+    /// event is pending in the runtime's own descriptor (nothing else
+    /// faults there meanwhile: the test waits for the hold), then stops
+    /// until released.
+    pub fn hold_events_if_armed(&self) {
+        let (lock, cv) = &self.event_hold;
+        let mut h = lock.lock().expect("hold lock");
+        if *h != DiscardHold::Armed
+            || !self
+                .own_drops
+                .lock()
+                .expect("own drops lock")
+                .iter()
+                .any(|d| d.returned_at.is_none())
+        {
+            return;
+        }
+        let own = self.own_space();
+        let mut pollfd = libc::pollfd {
+            fd: own.uffd.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        if unsafe { libc::poll(&mut pollfd, 1, 10_000) } != 1 {
+            return;
+        }
+        *h = DiscardHold::Held;
+        cv.notify_all();
+        h = cv
+            .wait_while(h, |h| *h == DiscardHold::Held)
+            .expect("hold lock");
+        *h = DiscardHold::Off;
     }
 
     /// In a flush, after its discard: tells a waiting test it is over.
@@ -695,7 +768,7 @@ impl Shared {
                 space,
                 start,
                 end: start + len,
-                cursor: start,
+                last: None,
                 returned_at: None,
             });
     }
@@ -783,44 +856,61 @@ impl Shared {
     /// Whether a REMOVE event, read in read number `read`, is the
     /// reclaimer's own drop.
     ///
-    /// The kernel raises one REMOVE per mapping the range covers, in address
-    /// order, each starting where the one before ended; a gap is memory
-    /// unmapped meanwhile; and when a mapping splits while the madvise waits
-    /// for an event (a program's mprotect), the kernel drops only up to the
-    /// split and raises the rest again: an event that ends where the last
-    /// one did. So an event inside a drop is the drop's own if it extends
-    /// the part covered so far from its start (the cursor), starts past a
-    /// gap of unmapped memory, or repeats the tail of the covered part while
-    /// the drop was still in progress when the event was read. Any other
-    /// event in the range is the program's MADV_DONTNEED, and its pages
-    /// become holes. (Judged by a byte budget instead, as before, a
-    /// program's event took the budget of one of the drop's own, which was
-    /// then taken for the program's: its stored pages read as zeros.) Left
-    /// open: a program event over the very same tail during the drop, or
-    /// that extends the cursor exactly, is taken for the reclaimer's (the
-    /// program then reads the bytes it dropped instead of zeros); the event
-    /// carries no thread to tell them apart. Only drops in place are
-    /// judged here: the runtime's own stored pages leave by a move, which
-    /// raises no event (`mm/scratch.rs`), so the race is left to other
-    /// processes' pages and to pages that cannot move.
+    /// The kernel walks a MADV_DONTNEED mapping by mapping, in address
+    /// order: one REMOVE per mapping, for the part of the range it covers,
+    /// each waiting to be read with the mapping lock let go. Then it looks
+    /// the mapping at the event's start up again and drops only up to that
+    /// mapping's end, which is short of the event's end when the program
+    /// split the mapping meanwhile (an mprotect of part of it), and walks on
+    /// from there: the next mapping, raised again. So the drop's events
+    /// start at strictly rising addresses, the first at the drop's start,
+    /// each after the first at the start of a mapping, and each at or
+    /// before the end of the one before it (a repetition after a split), or
+    /// past a gap of memory unmapped meanwhile; a repetition covers at least
+    /// the mapping it starts (up to the drop's end). An event inside the
+    /// drop that fits none of these is the program's MADV_DONTNEED, and its
+    /// pages become holes. (Taking only repetitions that end where the last
+    /// event did, as before, read the middle of a mapping split in three as
+    /// the program's: its stored pages read as zeros. Judged by a byte
+    /// budget, earlier still, a program's event took the budget of one of
+    /// the drop's own.)
+    ///
+    /// Left open, the event carrying no thread to tell them apart: a
+    /// program's event that continues exactly where the drop's last event
+    /// ended, or that repeats a whole mapping at its start while the drop is
+    /// under way, is taken for the reclaimer's (the program then reads the
+    /// bytes it dropped instead of zeros); and a split undone again before
+    /// its repetition is read makes that repetition the program's. Only
+    /// drops in place are judged here: the runtime's own stored pages leave
+    /// by a move, which raises no event (`mm/scratch.rs`), so the race is
+    /// left to other processes' pages and to pages that cannot move.
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
         let Some(memory) = space.memory.get() else {
             return false;
         };
         let mut drops = self.own_drops.lock().expect("own drops lock");
         let own = drops.iter_mut().find(|d| {
-            d.space == space.id
-                && start >= d.start
-                && end <= d.end
-                && ((start <= d.cursor && end > d.cursor)
-                    || (start > d.cursor && memory.any_unmapped(d.cursor, start))
-                    || (start > d.start
-                        && end == d.cursor
-                        && d.returned_at.is_none_or(|at| at >= read)))
+            if d.space != space.id || start < d.start || end > d.end {
+                return false;
+            }
+            // Where the walk goes on if nothing was split.
+            let next = d.last.map_or(d.start, |(_, last_end)| last_end);
+            if start == next || (start > next && memory.any_unmapped(next, start)) {
+                return true;
+            }
+            let Some((last_start, last_end)) = d.last else {
+                return false;
+            };
+            start > last_start
+                && start < last_end
+                && d.returned_at.is_none_or(|at| at >= read)
+                && memory
+                    .mapping_at(start)
+                    .is_some_and(|(lo, hi)| lo == start && end >= hi.min(d.end))
         });
         match own {
             Some(d) => {
-                d.cursor = d.cursor.max(end);
+                d.last = Some((start, end));
                 true
             }
             None => false,
