@@ -52,7 +52,7 @@ fn sample(pages: usize) -> Vec<u8> {
         x ^= x >> 7;
         x ^= x << 17;
         out.extend_from_slice(WORDS[(x % WORDS.len() as u64) as usize]);
-        if x % 5 == 0 {
+        if x.is_multiple_of(5) {
             out.extend_from_slice(&(x as u32).to_le_bytes());
         }
     }
