@@ -11,7 +11,7 @@
 //!                                                   |- Managed:   start the agent thread, return
 //!                                                   |- Unmanaged: close everything, return
 //!                                                   '- Exit:      _exit(1)
-//! agent thread: loop { request -> MADV_DONTNEED -> answer }
+//! agent thread: loop { request -> UFFDIO_MOVE to the scratch | MADV_DONTNEED -> answer }
 //!               Release -> close, end quietly
 //!               end of file (the supervisor died) -> kill the program
 //! ```
@@ -19,6 +19,22 @@
 //! Why a thread inside the program: the kernel refuses MADV_DONTNEED on
 //! another process (`process_madvise` gives EINVAL), and dropping pages is
 //! the last step of every eviction.
+//!
+//! Dropped in place, stored pages raise a REMOVE event on the program's
+//! userfaultfd that looks like the program's own MADV_DONTNEED, and the
+//! madvise waits until the supervisor has read it. So the agent first moves
+//! them out (UFFDIO_MOVE, Linux 6.8) into a scratch of its own, registered
+//! with a second userfaultfd that reports no events, and drops them there;
+//! only pages that cannot move (shared with a forked child, or in a
+//! mapping of other protection) are dropped in place. The scratch lies
+//! right after the agent thread's stack, and both are the agent's own
+//! memory, which the supervisor never manages:
+//!
+//! ```text
+//!   own memory:  [ agent thread's stack | scratch (2 MiB) ]
+//!                  unregistered           registered with the scratch's
+//!                                         descriptor (no events)
+//! ```
 //!
 //! What it never does: allocate through the program's malloc on the agent
 //! thread (its loop uses its own stack, which the agent mapped itself and
@@ -64,6 +80,11 @@ static UFFD_INODE: AtomicU64 = AtomicU64::new(0);
 static STACK_BASE: AtomicUsize = AtomicUsize::new(0);
 /// The beacon page (see the module docs).
 static BEACON: AtomicUsize = AtomicUsize::new(0);
+/// The descriptor the scratch is registered with (-1: none, no moves).
+static SCRATCH_UFFD: AtomicI32 = AtomicI32::new(-1);
+/// Its inode, to tell it from a descriptor the program opened under the
+/// same number after closing ours.
+static SCRATCH_INODE: AtomicU64 = AtomicU64::new(0);
 /// The supervisor's socket name, for forked children (no allocation there).
 static NAME: OnceLock<([u8; 108], usize)> = OnceLock::new();
 
@@ -80,6 +101,28 @@ const STACK: usize = 256 << 10;
 
 /// `_IO(0xAA, 0x00)`: a new userfaultfd from /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
+
+/// The scratch: one 2 MiB folio, or a run of smaller ones, per move.
+const SCRATCH: usize = 2 << 20;
+
+/// `_IOWR(0xAA, nr, size)`.
+const fn uffd_iowr(nr: libc::c_ulong, size: usize) -> libc::c_ulong {
+    (3 << 30) | ((size as libc::c_ulong) << 16) | (0xAA << 8) | nr
+}
+/// `struct uffdio_api`: api, features, ioctls.
+const UFFDIO_API: libc::c_ulong = uffd_iowr(0x3F, 24);
+/// `struct uffdio_register`: start, len, mode, ioctls.
+const UFFDIO_REGISTER: libc::c_ulong = uffd_iowr(0x00, 32);
+/// `struct uffdio_move`: dst, src, len, mode, move (bytes moved, or a
+/// negative errno).
+const UFFDIO_MOVE: libc::c_ulong = uffd_iowr(0x05, 40);
+const UFFD_API: u64 = 0xAA;
+const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+const FEATURE_MOVE: u64 = 1 << 16;
+const REGISTER_MODE_MISSING: u64 = 1;
+const REGISTER_MODE_WP: u64 = 2;
+const MOVE_MODE_DONTWAKE: u64 = 1;
+const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
 extern "C" fn init() {
     // SAFETY: before main, one thread; the value is read at once.
@@ -269,6 +312,88 @@ fn map(len: usize, flags: libc::c_int) -> *mut libc::c_void {
     }
 }
 
+/// Makes `scratch` (SCRATCH bytes of the agent's own memory) ready for
+/// moves: empties it and registers it with a new userfaultfd that reports
+/// no events. Returns the descriptor, or -1 where the kernel cannot move
+/// pages (the agent then only drops in place).
+fn open_scratch(scratch: usize) -> i32 {
+    let Ok(fd) = new_userfaultfd() else {
+        return -1;
+    };
+    let mut api = [UFFD_API, FEATURE_MOVE | FEATURE_PAGEFAULT_FLAG_WP, 0];
+    let mut register = [
+        scratch as u64,
+        SCRATCH as u64,
+        REGISTER_MODE_MISSING | REGISTER_MODE_WP,
+        0,
+    ];
+    // SAFETY: the ioctls take the kernel structs laid out above, which
+    // live on this frame; the scratch is the agent's own mapping (a forked
+    // child may hold copies of pages a move left there: dropped first).
+    let ready = unsafe {
+        libc::ioctl(fd, UFFDIO_API as _, api.as_mut_ptr()) == 0
+            && libc::madvise(scratch as *mut _, SCRATCH, libc::MADV_DONTNEED) == 0
+            && libc::ioctl(fd, UFFDIO_REGISTER as _, register.as_mut_ptr()) == 0
+    };
+    if !ready {
+        close(fd);
+        return -1;
+    }
+    let fd = lift(fd);
+    SCRATCH_INODE.store(inode(fd), Ordering::Release);
+    SCRATCH_UFFD.store(fd, Ordering::Release);
+    fd
+}
+
+/// Moves the pages of `start..start + len` into the scratch, a scratch's
+/// worth at a time, and drops them there; returns how many bytes from
+/// `start` are gone that way. A move stops at the first page that cannot
+/// move (EBUSY: shared with a forked child or pinned; EINVAL: a mapping of
+/// other protection); the supervisor drops the rest in place.
+fn move_out(start: usize, len: usize) -> u64 {
+    let fd = SCRATCH_UFFD.load(Ordering::Acquire);
+    if fd < 0 || inode(fd) != SCRATCH_INODE.load(Ordering::Acquire) {
+        // None, or the program closed it (the number may be the program's).
+        return 0;
+    }
+    let scratch = STACK_BASE.load(Ordering::Acquire) + STACK;
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(SCRATCH);
+        let mut m: [u64; 5] = [
+            scratch as u64,
+            (start + done) as u64,
+            n as u64,
+            MOVE_MODE_DONTWAKE | MOVE_MODE_ALLOW_SRC_HOLES,
+            0,
+        ];
+        // SAFETY: UFFDIO_MOVE takes the struct above, on this frame; the
+        // source is stored pages the supervisor owns (it evicts them), the
+        // destination the agent's empty scratch.
+        let r = unsafe { libc::ioctl(fd, UFFDIO_MOVE as _, m.as_mut_ptr()) };
+        let moved = if r == 0 {
+            n
+        } else {
+            (m[4] as i64).max(0) as usize / PAGE * PAGE
+        };
+        // SAFETY: the scratch is the agent's own; what lies there now are
+        // the supervisor's stored pages, to be dropped.
+        if moved > 0 && unsafe { libc::madvise(scratch as *mut _, moved, libc::MADV_DONTNEED) } != 0
+        {
+            // The next move would find pages there; stop moving (nothing is
+            // lost: the supervisor drops in place what did not move).
+            say(&["cannot empty the scratch; pages are dropped in place from now on"]);
+            SCRATCH_UFFD.store(-1, Ordering::Release);
+            close(fd);
+        }
+        done += moved;
+        if r != 0 || SCRATCH_UFFD.load(Ordering::Acquire) < 0 {
+            break;
+        }
+    }
+    done as u64
+}
+
 fn start(name: &[u8]) -> Result<(), &'static str> {
     let mut saved = [0u8; 108];
     if name.len() > saved.len() {
@@ -281,10 +406,12 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
         return Err("cannot map the agent's beacon page");
     }
     let uffd = new_userfaultfd();
-    let stack = map(STACK, libc::MAP_STACK);
+    // The stack, then the scratch (see the module docs).
+    let stack = map(STACK + SCRATCH, libc::MAP_STACK);
     let unmap_stack = || {
+        close(SCRATCH_UFFD.swap(-1, Ordering::AcqRel));
         // SAFETY: our own mapping, never handed out.
-        unsafe { libc::munmap(stack, STACK) };
+        unsafe { libc::munmap(stack, STACK + SCRATCH) };
     };
     if stack == libc::MAP_FAILED {
         close(uffd.unwrap_or(-1));
@@ -298,14 +425,16 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
             return Err(e);
         }
     };
+    let scratch = open_scratch(stack as usize + STACK);
     let hello = Hello {
         // SAFETY: getpid has no preconditions.
         pid: unsafe { libc::getpid() },
         error: uffd.err().unwrap_or(0),
-        stack_start: stack as u64,
-        stack_end: stack as u64 + STACK as u64,
+        own_start: stack as u64,
+        own_end: (stack as usize + STACK + SCRATCH) as u64,
         beacon: beacon as u64,
         forked: false,
+        moves: scratch >= 0,
     };
     let sent = send_packet(sock, &hello.encode(), uffd.unwrap_or(-1));
     let verdict = if sent {
@@ -420,15 +549,27 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
                 let answer = Dropped {
                     seq,
                     errno: if r == 0 { 0 } else { errno() },
+                    moved: 0,
                 };
-                if !still_ours(sock) {
+                if !answer_with(sock, &answer) {
                     return quit_quietly();
                 }
-                if !send_packet(sock, &answer.encode(), -1) {
-                    supervisor_gone();
+            }
+            Ok(Request::Discard { seq, start, len }) => {
+                let answer = Dropped {
+                    seq,
+                    errno: 0,
+                    moved: move_out(start as usize, len as usize),
+                };
+                if !answer_with(sock, &answer) {
+                    return quit_quietly();
                 }
             }
             Ok(Request::Release) => {
+                let scratch = SCRATCH_UFFD.swap(-1, Ordering::AcqRel);
+                if scratch >= 0 && inode(scratch) == SCRATCH_INODE.load(Ordering::Acquire) {
+                    close(scratch);
+                }
                 close(UFFD.swap(-1, Ordering::AcqRel));
                 close(SOCKET.swap(-1, Ordering::AcqRel));
                 return std::ptr::null_mut();
@@ -437,6 +578,18 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
             Err(Ended::TakenByProgram) => return quit_quietly(),
         }
     }
+}
+
+/// Sends an answer; false if the program took the connection (the caller
+/// quits quietly). A supervisor gone ends the program.
+fn answer_with(sock: i32, answer: &Dropped) -> bool {
+    if !still_ours(sock) {
+        return false;
+    }
+    if !send_packet(sock, &answer.encode(), -1) {
+        supervisor_gone();
+    }
+    true
 }
 
 /// The program closed the agent's connection: the supervisor sees it hang
@@ -481,6 +634,12 @@ extern "C" fn forked_child() {
     if parent_uffd >= 0 && inode(parent_uffd) == UFFD_INODE.load(Ordering::Acquire) {
         close(parent_uffd);
     }
+    // The child's copy of the scratch is no longer registered (that
+    // descriptor asked for no fork events): its agent thread makes its own.
+    let parent_scratch = SCRATCH_UFFD.swap(-1, Ordering::AcqRel);
+    if parent_scratch >= 0 && inode(parent_scratch) == SCRATCH_INODE.load(Ordering::Acquire) {
+        close(parent_scratch);
+    }
     if !MANAGED.load(Ordering::Acquire) {
         return;
     }
@@ -504,15 +663,26 @@ extern "C" fn forked_child() {
 fn ask_adoption() -> Result<(), &'static str> {
     let (name, len) = NAME.get().ok_or("no supervisor name")?;
     let stack = STACK_BASE.load(Ordering::Acquire);
-    let sock = connect(&name[..*len])?;
+    let scratch = open_scratch(stack + STACK);
+    let adopted = adopt(&name[..*len], stack, scratch >= 0);
+    if adopted.is_err() {
+        close(SCRATCH_UFFD.swap(-1, Ordering::AcqRel));
+    }
+    adopted
+}
+
+/// Connects, says hello as a forked child, and takes the verdict.
+fn adopt(name: &[u8], stack: usize, moves: bool) -> Result<(), &'static str> {
+    let sock = connect(name)?;
     let hello = Hello {
         // SAFETY: getpid has no preconditions.
         pid: unsafe { libc::getpid() },
         error: 0,
-        stack_start: stack as u64,
-        stack_end: (stack + STACK) as u64,
+        own_start: stack as u64,
+        own_end: (stack + STACK + SCRATCH) as u64,
         beacon: BEACON.load(Ordering::Acquire) as u64,
         forked: true,
+        moves,
     };
     let verdict = if send_packet(sock, &hello.encode(), -1) {
         recv_packet_fd(sock)

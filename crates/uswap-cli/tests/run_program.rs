@@ -92,6 +92,10 @@ fn a_program_under_a_quarter_of_its_working_set_prints_what_it_prints_alone() {
     let c = counters(&stats);
     assert!(c["zswpout"] > 0 && c["zswpin"] > 0, "{c:?}");
     assert!(c["forks"] > 0, "the fork was not served: {c:?}");
+    // Its agent moves stored pages out (no REMOVE event to tell from the
+    // program's own MADV_DONTNEED); only pages that cannot move, such as
+    // those the forked child still shares, are dropped in place.
+    assert!(c["discarded_by_move"] > 0, "{c:?}");
 }
 
 fn status_of(args: &[&str]) -> (ExitStatus, String) {
@@ -301,6 +305,7 @@ fn forked_child_held_to_the_limit(folio: &str) {
     );
     let c = counters(&stats);
     assert_eq!(c["forks"], 1, "{c:?}");
+    assert!(c["discarded_by_move"] > 0, "{c:?}");
 }
 
 fn child_rss(out: &str) -> u64 {

@@ -7,15 +7,18 @@
 //!
 //! ```text
 //! agent                                   supervisor
-//!   Hello {pid, agent stack, beacon, error} -> (+ the userfaultfd, SCM_RIGHTS,
+//!   Hello {pid, agent's own memory, beacon,  -> (+ the userfaultfd, SCM_RIGHTS,
+//!          error, flags}
 //!                                               unless error != 0; none for
 //!                                               a forked child, whose
 //!                                               descriptor came with the
 //!                                               fork event)
 //!        <------- Verdict {Managed | Unmanaged | Exit}
 //!   (agent thread, if Managed)
-//!        <------- Drop {seq, start, len}
-//!   Dropped {seq, errno} ------------------>
+//!        <------- Discard {seq, start, len}   (moves, if the agent can)
+//!   Dropped {seq, errno, moved} ----------->
+//!        <------- Drop {seq, start, len}      (MADV_DONTNEED in place)
+//!   Dropped {seq, errno, moved: 0} -------->
 //!        <------- Release          (the supervisor lets go; the agent ends
 //!                                    quietly. Without it, end of file means
 //!                                    the supervisor died: the agent kills
@@ -40,7 +43,7 @@ pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
 
 /// Marks a Hello, and the protocol's version.
-pub const MAGIC: u64 = 0x7573_7761_7002;
+pub const MAGIC: u64 = 0x7573_7761_7003;
 
 /// The agent's first message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,15 +53,19 @@ pub struct Hello {
     /// 0, or the errno that kept the agent from creating a userfaultfd
     /// (then no descriptor comes with the message).
     pub error: i32,
-    /// The agent thread's stack (never to be managed).
-    pub stack_start: u64,
-    /// End of the agent thread's stack.
-    pub stack_end: u64,
+    /// The agent's own memory, never to be managed: its thread's stack,
+    /// then its scratch (see [`Request::Discard`]).
+    pub own_start: u64,
+    /// End of the agent's own memory.
+    pub own_end: u64,
     /// A page the agent never touches; a forked child touches its copy to
     /// say which address space is its.
     pub beacon: u64,
     /// Sent from a forked child (no descriptor comes with it).
     pub forked: bool,
+    /// The agent has a scratch to move pages into: [`Request::Discard`]
+    /// can move them.
+    pub moves: bool,
 }
 
 /// What the supervisor decided about a program image.
@@ -86,19 +93,37 @@ pub enum Request {
     },
     /// The supervisor lets go of the program: the agent ends quietly.
     Release,
+    /// Moves the pages of `start..start + len` out (UFFDIO_MOVE, a
+    /// scratch's worth at a time) into the agent's scratch, registered with
+    /// a descriptor of the agent's that reports no events, and drops them
+    /// there: unlike a drop in place, this raises no REMOVE event on the
+    /// program's userfaultfd. Answered with a [`Dropped`] that says how
+    /// many bytes from `start` went; the supervisor drops the rest in
+    /// place.
+    Discard {
+        /// Echoed in the answer.
+        seq: u64,
+        /// Page-aligned start.
+        start: u64,
+        /// Length in bytes.
+        len: u64,
+    },
 }
 
-/// The agent's answer to a [`Request::Drop`].
+/// The agent's answer to a [`Request::Drop`] or a [`Request::Discard`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dropped {
     /// The request's.
     pub seq: u64,
-    /// 0, or madvise's errno.
+    /// 0, or madvise's errno (a drop in place).
     pub errno: i32,
+    /// Bytes from the start moved out (a discard).
+    pub moved: u64,
 }
 
 /// Bytes of every packet. Every kind of packet has codes of its own in its
-/// first word (requests 1-2, answers 3, verdicts 11-13, hellos [`MAGIC`]),
+/// first word (requests 1, 2 and 4, answers 3, verdicts 11-13, hellos
+/// [`MAGIC`]),
 /// so that none can be read as another.
 pub const PACKET: usize = 48;
 
@@ -126,10 +151,10 @@ impl Hello {
         words([
             MAGIC,
             (self.pid as u32 as u64) | ((self.error as u32 as u64) << 32),
-            self.stack_start,
-            self.stack_end,
+            self.own_start,
+            self.own_end,
             self.beacon,
-            self.forked as u64,
+            self.forked as u64 | (self.moves as u64) << 1,
         ])
     }
 
@@ -139,10 +164,11 @@ impl Hello {
         (w[0] == MAGIC).then_some(Hello {
             pid: w[1] as u32 as i32,
             error: (w[1] >> 32) as u32 as i32,
-            stack_start: w[2],
-            stack_end: w[3],
+            own_start: w[2],
+            own_end: w[3],
             beacon: w[4],
-            forked: w[5] != 0,
+            forked: w[5] & 1 != 0,
+            moves: w[5] & 2 != 0,
         })
     }
 }
@@ -181,6 +207,7 @@ impl Request {
         match *self {
             Request::Drop { seq, start, len } => words([1, seq, start, len, 0, 0]),
             Request::Release => words([2, 0, 0, 0, 0, 0]),
+            Request::Discard { seq, start, len } => words([4, seq, start, len, 0, 0]),
         }
     }
 
@@ -194,6 +221,11 @@ impl Request {
                 len: w[3],
             }),
             2 => Some(Request::Release),
+            4 => Some(Request::Discard {
+                seq: w[1],
+                start: w[2],
+                len: w[3],
+            }),
             _ => None,
         }
     }
@@ -202,7 +234,7 @@ impl Request {
 impl Dropped {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
-        words([3, self.seq, self.errno as u32 as u64, 0, 0, 0])
+        words([3, self.seq, self.errno as u32 as u64, self.moved, 0, 0])
     }
 
     /// Reads a packet.
@@ -211,6 +243,7 @@ impl Dropped {
         (w[0] == 3).then_some(Dropped {
             seq: w[1],
             errno: w[2] as u32 as i32,
+            moved: w[3],
         })
     }
 }
@@ -224,10 +257,17 @@ mod tests {
         let h = Hello {
             pid: 1234,
             error: -1,
-            stack_start: 0x7f00_0000_0000,
-            stack_end: 0x7f00_0004_0000,
-            beacon: 0x7f00_0010_0000,
+            own_start: 0x7f00_0000_0000,
+            own_end: 0x7f00_0024_0000,
+            beacon: 0x7f00_0030_0000,
             forked: true,
+            moves: false,
+        };
+        assert_eq!(Hello::decode(&h.encode()), Some(h));
+        let h = Hello {
+            forked: false,
+            moves: true,
+            ..h
         };
         assert_eq!(Hello::decode(&h.encode()), Some(h));
         for v in [Verdict::Managed, Verdict::Unmanaged, Verdict::Exit] {
@@ -239,11 +279,22 @@ mod tests {
             len: 0x10000,
         };
         assert_eq!(Request::decode(&r.encode()), Some(r));
+        let m = Request::Discard {
+            seq: 8,
+            start: 0x2000,
+            len: 0x20000,
+        };
+        assert_eq!(Request::decode(&m.encode()), Some(m));
+        assert_eq!(Dropped::decode(&m.encode()), None);
         assert_eq!(
             Request::decode(&Request::Release.encode()),
             Some(Request::Release)
         );
-        let d = Dropped { seq: 9, errno: 12 };
+        let d = Dropped {
+            seq: 9,
+            errno: 12,
+            moved: 0x3000,
+        };
         assert_eq!(Dropped::decode(&d.encode()), Some(d));
         // No kind of packet reads as another.
         assert_eq!(Dropped::decode(&r.encode()), None);

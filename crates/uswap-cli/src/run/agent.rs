@@ -16,6 +16,8 @@ pub struct AgentLink {
     pid: libc::pid_t,
     /// The last request's number; held for a whole request and answer.
     seq: Mutex<u64>,
+    /// The agent can move pages out to its scratch.
+    moves: bool,
 }
 
 fn send(sock: RawFd, packet: &[u8; PACKET]) -> io::Result<()> {
@@ -64,6 +66,7 @@ impl AgentLink {
                 sock,
                 pid: hello.pid,
                 seq: Mutex::new(0),
+                moves: hello.moves,
             },
             Greeting { hello, uffd },
         ))
@@ -87,24 +90,46 @@ impl AgentLink {
 
 impl DropPages for AgentLink {
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
-        let mut seq = self.seq.lock().expect("agent link lock");
-        *seq += 1;
-        let request = Request::Drop {
-            seq: *seq,
+        let answer = self.ask(|seq| Request::Drop {
+            seq,
             start: start as u64,
             len: len as u64,
-        };
-        if send(self.sock.as_raw_fd(), &request.encode()).is_err() {
+        })?;
+        match answer.errno {
+            0 => Ok(()),
+            libc::ENOMEM => Err(DropError::Unmapped),
+            e => Err(DropError::Failed(io::Error::from_raw_os_error(e))),
+        }
+    }
+
+    fn move_out(&self, start: usize, len: usize) -> usize {
+        if !self.moves {
+            return 0;
+        }
+        // A link that broke moved nothing more; the drop in place that
+        // follows finds out what became of the process.
+        self.ask(|seq| Request::Discard {
+            seq,
+            start: start as u64,
+            len: len as u64,
+        })
+        .map_or(0, |answer| (answer.moved as usize).min(len))
+    }
+}
+
+impl AgentLink {
+    /// Sends the request `make` builds with the next number, and waits for
+    /// its answer.
+    fn ask(&self, make: impl FnOnce(u64) -> Request) -> Result<Dropped, DropError> {
+        let mut seq = self.seq.lock().expect("agent link lock");
+        *seq += 1;
+        if send(self.sock.as_raw_fd(), &make(*seq).encode()).is_err() {
             return Err(self.lost());
         }
         // One request at a time (the lock is held): the answer is to it.
         match recv(self.sock.as_raw_fd()) {
             Ok(Some((packet, _))) => match Dropped::decode(&packet) {
-                Some(d) if d.seq == *seq => match d.errno {
-                    0 => Ok(()),
-                    libc::ENOMEM => Err(DropError::Unmapped),
-                    e => Err(DropError::Failed(io::Error::from_raw_os_error(e))),
-                },
+                Some(d) if d.seq == *seq => Ok(d),
                 _ => Err(DropError::Failed(io::Error::other(
                     "the agent answered something else",
                 ))),

@@ -77,7 +77,8 @@ pub struct Args {
 /// A served program image.
 struct Served {
     attached: Attached,
-    /// The agent's own mappings, never managed: its thread's stack and its
+    /// The agent's own mappings, never managed: its thread's stack with its
+    /// scratch (moved-out pages are dropped there), and its
     /// beacon page (a fault there must reach the beacon check, not a
     /// region; a mapping registered beside the beacon merges with it).
     agent_memory: [(usize, usize); 2],
@@ -85,11 +86,12 @@ struct Served {
     said_busy: AtomicBool,
 }
 
-/// The agent's own mappings, as its hello gives them: stack and beacon.
+/// The agent's own mappings, as its hello gives them: stack and scratch,
+/// and beacon.
 fn agent_memory(hello: &uswap_protocol::Hello) -> [(usize, usize); 2] {
     let beacon = hello.beacon as usize;
     [
-        (hello.stack_start as usize, hello.stack_end as usize),
+        (hello.own_start as usize, hello.own_end as usize),
         (beacon, beacon + uswap::page::PAGE_SIZE),
     ]
 }
@@ -100,6 +102,10 @@ struct Dropper(Arc<AgentLink>);
 impl DropPages for Dropper {
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
         self.0.drop_pages(start, len)
+    }
+
+    fn move_out(&self, start: usize, len: usize) -> usize {
+        self.0.move_out(start, len)
     }
 }
 

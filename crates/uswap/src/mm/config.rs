@@ -53,7 +53,8 @@ pub struct RuntimeConfig {
     /// Discard the runtime's own stored pages by moving them out
     /// (UFFDIO_MOVE, where the kernel has it) rather than dropping them in
     /// place: no event, so none to tell from the program's (see
-    /// `mm/scratch.rs`). Other processes' pages are always dropped in place.
+    /// `mm/scratch.rs`); other processes' pages are moved by their agent,
+    /// into a scratch of its own.
     pub discard_by_move: bool,
     /// How the store keeps a folio's pages: one object per page, or the
     /// folio as one object (see `zswap::Layout`).

@@ -8,7 +8,7 @@
 //! | step                 | own process               | another process (`uswap run`)          |
 //! |----------------------|---------------------------|----------------------------------------|
 //! | copy pages out       | `process_vm_readv(self)`  | `process_vm_readv(pid)`                |
-//! | drop them            | `madvise(MADV_DONTNEED)`  | asked of a thread inside it ([`DropPages`]) |
+//! | drop them            | move to a scratch, or `madvise(MADV_DONTNEED)` | asked of a thread inside it ([`DropPages`]): the same |
 //! | which are present    | `mincore`                 | `/proc/PID/pagemap`                    |
 //! | whether mapped       | `mincore` (ENOMEM)        | `/proc/PID/maps`                       |
 //!
@@ -44,11 +44,16 @@ impl std::fmt::Display for DropError {
     }
 }
 
-/// Drops pages (MADV_DONTNEED) in an address space the caller cannot reach
-/// with madvise: the call returns once they are dropped.
+/// Drops pages in an address space the caller cannot reach with madvise:
+/// each call returns once they are gone.
 pub trait DropPages: Send + Sync {
-    /// Drops `start..start + len` (page aligned).
+    /// Drops `start..start + len` (page aligned) in place (MADV_DONTNEED).
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError>;
+
+    /// Moves the stored pages of `start..start + len` out of the process
+    /// without an event and drops them (see `mm/scratch.rs`); returns how
+    /// many bytes from `start` went that way (0 where pages cannot move).
+    fn move_out(&self, start: usize, len: usize) -> usize;
 }
 
 /// The memory of an address space the runtime evicts from.
@@ -62,6 +67,8 @@ pub(crate) enum Memory {
         /// `/proc/PID/pagemap`, open.
         pagemap: File,
         dropper: Box<dyn DropPages>,
+        /// Stored pages may leave by a move (`RuntimeConfig::discard_by_move`).
+        moves: bool,
     },
 }
 
@@ -70,12 +77,18 @@ const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
 
 impl Memory {
-    /// The memory of process `pid`, whose pages `dropper` drops.
-    pub fn remote(pid: libc::pid_t, dropper: Box<dyn DropPages>) -> io::Result<Memory> {
+    /// The memory of process `pid`, whose pages `dropper` drops (and, with
+    /// `moves`, moves out).
+    pub fn remote(
+        pid: libc::pid_t,
+        dropper: Box<dyn DropPages>,
+        moves: bool,
+    ) -> io::Result<Memory> {
         Ok(Memory::Remote {
             pid,
             pagemap: File::open(format!("/proc/{pid}/pagemap"))?,
             dropper,
+            moves,
         })
     }
 
@@ -109,17 +122,33 @@ impl Memory {
         Ok(n as usize)
     }
 
-    /// Drops `start..start + len` (MADV_DONTNEED).
     /// Discards stored pages of `start..start + len` without raising an
     /// event (see [`super::scratch`]); returns how many bytes from `start`
     /// are gone that way. The caller drops the rest with
     /// [`Memory::drop_pages`].
-    pub fn discard_quietly(&self, start: usize, len: usize) -> usize {
+    ///
+    /// The caller holds the settled event gate (`settled`), under which
+    /// every move of the program's mappings so far is in the bookkeeping. A
+    /// move in this process is made under it. Another process's pages are
+    /// moved by its agent thread, which may be slow to answer or never do
+    /// (a stopped program): the gate is let go first, as for a drop in
+    /// place, lest the event thread stop reading every process's events
+    /// meanwhile.
+    pub fn discard_quietly(
+        &self,
+        start: usize,
+        len: usize,
+        settled: std::sync::RwLockReadGuard<'_, ()>,
+    ) -> usize {
         match self {
             Memory::Own {
                 scratch: Some(scratch),
             } => scratch.discard(start, len),
-            _ => 0,
+            Memory::Own { scratch: None } | Memory::Remote { moves: false, .. } => 0,
+            Memory::Remote { dropper, .. } => {
+                drop(settled);
+                dropper.move_out(start, len)
+            }
         }
     }
 

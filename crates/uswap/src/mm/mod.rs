@@ -881,9 +881,9 @@ impl Shared {
     /// under way, is taken for the reclaimer's (the program then reads the
     /// bytes it dropped instead of zeros); and a split undone again before
     /// its repetition is read makes that repetition the program's. Only
-    /// drops in place are judged here: the runtime's own stored pages leave
-    /// by a move, which raises no event (`mm/scratch.rs`), so the race is
-    /// left to other processes' pages and to pages that cannot move.
+    /// drops in place are judged here: stored pages leave by a move, which
+    /// raises no event (`mm/scratch.rs`), so the race is left to pages that
+    /// cannot move.
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
         let Some(memory) = space.memory.get() else {
             return false;

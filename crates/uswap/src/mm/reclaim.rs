@@ -7,11 +7,11 @@
 //! Victims are collected in a plug of up to `compress_batchsize` folios
 //! (flushed when full, before a 2M folio, and after a short timeout). At a
 //! flush they are write-protected, copied out in one `process_vm_readv`,
-//! stored with one `store_batch`, then discarded: the runtime's own pages
-//! are moved out to the scratch and dropped there, which raises no event
-//! (`mm/scratch.rs`); what cannot move (pages of read-only or locked
-//! mappings, pinned pages, other processes' pages) is dropped in place
-//! (MADV_DONTNEED). Adjacent folios of
+//! stored with one `store_batch`, then discarded: moved out to a scratch
+//! and dropped there, which raises no event (`mm/scratch.rs`; another
+//! process's pages by its agent, into a scratch of its own); what cannot
+//! move (pages of read-only or locked mappings, pages shared with a forked
+//! child, pinned pages) is dropped in place (MADV_DONTNEED). Adjacent folios of
 //! the plug (sequential access makes them the rule) share one write-protect
 //! call and one move or MADV_DONTNEED, so the TLB flushes and the REMOVE
 //! event round trips are paid per run, not per folio. A folio the store
@@ -370,10 +370,12 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // left behind, and the program may since have mapped something
             // else at the old address) voids the copies here instead of
             // discarding whatever lies there now.
-            // A move out raises no event, so it is made under the gate too;
-            // a drop in place must wait for its event to be read, so it
-            // follows once the gate is released (a window left open).
-            let _settled = settled_gate(shared, space, start, len);
+            // A move out raises no event, so it is made under the gate too
+            // (another process's, by its agent, once the gate is released:
+            // see `Memory::discard_quietly`); a drop in place must wait for
+            // its event to be read, so it follows once the gate is released
+            // (a window left open).
+            let settled = settled_gate(shared, space, start, len);
             let (first, count) = run;
             let moved_away = plug[first..first + count]
                 .iter()
@@ -390,7 +392,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 }
                 continue;
             }
-            memory.discard_quietly(start, len)
+            memory.discard_quietly(start, len, settled)
         };
         shared
             .counters

@@ -23,6 +23,10 @@
 //! third thread keeps the other CPU busy (a move flushes the TLB page by
 //! page).
 //!
+//! Another process's pages (`uswap run`) are moved the same way by its
+//! agent thread, into a scratch the agent maps and registers in that
+//! process (`uswap-agent`; `DropPages::move_out`).
+//!
 //! Only pages this address space maps alone can move: one a forked child
 //! still shares, KSM merged or something pinned answers EBUSY, and a
 //! mapping of other protection (mprotect, mlock) EINVAL. (Pages shared with
