@@ -229,6 +229,52 @@ fn scope_submit_poll_wait() {
     }
 }
 
+/// A job that no engine has begun once the caller's poll is over (the
+/// engines are busy elsewhere; here, paused) is run by the caller itself.
+/// It had nothing to sleep on, so the caller spun, taking the CPU from the
+/// very engines it waited for, until the stall timeout: with no poll at
+/// all, a usemem run took 164 s instead of 9.
+#[test]
+fn a_job_still_queued_after_the_poll_is_run_by_its_caller() {
+    let pages = corpus_pages(6);
+    let codec = by_name("lz4").unwrap();
+    let expected = direct(codec.as_ref(), &pages);
+    let device = Device::new(DeviceConfig {
+        engines: 2,
+        wait_poll: Duration::ZERO,
+        stall_timeout: Duration::from_secs(10),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    device.pause_engine(0, true);
+    device.pause_engine(1, true);
+    let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
+    let results: Vec<Option<Vec<u8>>> = device.scope(|s| {
+        let tickets: Vec<_> = pages
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(p, b)| s.submit(codec.as_ref(), Op::Compress, p, b))
+            .collect();
+        let results = tickets
+            .into_iter()
+            .map(|t| {
+                let (r, out) = s.wait(t);
+                r.ok().map(|n| out[..n].to_vec())
+            })
+            .collect();
+        // Every job is done, and none by a stall recovery.
+        let stats = device.stats();
+        let recovered: u64 = stats.engines.iter().map(|e| e.stall_recoveries).sum();
+        assert_eq!(recovered, 0, "the caller waited for the stall timeout");
+        assert_eq!(stats.caller.compress_jobs, pages.len() as u64);
+        // The engines let go of their queue entries, so the scope can end.
+        device.pause_engine(0, false);
+        device.pause_engine(1, false);
+        results
+    });
+    assert_eq!(results, expected);
+}
+
 #[test]
 fn poll_reports_progress_without_blocking() {
     let codec = by_name("lz4").unwrap();
