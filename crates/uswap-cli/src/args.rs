@@ -62,8 +62,9 @@ pub struct DeviceArgs {
     /// Microseconds an idle engine polls before it sleeps.
     #[arg(long, default_value_t = 50)]
     pub idle_poll_us: u64,
-    /// Microseconds a waiting caller polls before it sleeps.
-    #[arg(long, default_value_t = 50)]
+    /// Microseconds a waiting caller polls before it runs a job no engine
+    /// has begun, or sleeps.
+    #[arg(long, default_value_t = 0)]
     pub wait_poll_us: u64,
     /// Verify every compressed result.
     #[arg(long)]

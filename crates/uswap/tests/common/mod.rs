@@ -66,8 +66,7 @@ pub fn eventually(mut condition: impl FnMut() -> bool) -> bool {
 /// waits (at most ten seconds) until it has.
 pub fn evict_to_limit(rt: &Runtime) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while rt.stats().resident_bytes as usize > rt.config().memory_high && Instant::now() < deadline
-    {
+    while rt.stats().resident_bytes as usize > rt.memory_high() && Instant::now() < deadline {
         rt.reclaim_now();
         std::thread::yield_now();
     }
