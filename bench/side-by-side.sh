@@ -12,7 +12,9 @@
 #   faults: 2 processes x 256 MiB of corpus pages touched at random under
 #           32 MiB (every fault needs an eviction), 4 KiB pages (uswap also
 #           with 64 KiB folios)
-#   usemem: 2 processes x 1536 MiB written then checked, under 1 GiB
+#   usemem: 2 processes x 1536 MiB written then checked, under 1 GiB; and
+#           `uswap usemem` itself (the runtime in the process), with 2
+#           threads sharing one runtime and with 2 processes
 set -eu
 RUNS=${1:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,4 +62,10 @@ for run in $(seq "$RUNS"); do
 	printf 'uswap run 64K folios '; "$USWAP" run --memory-high 32M --folio-size 64k --compressor lzo-rle -- "$WORK/touch" faults 256 2 20000 $PAGES
 	printf 'kernel zswap         '; kernel 1G "$WORK/touch" usemem 1536 2
 	printf 'uswap run            '; "$USWAP" run --memory-high 1G --compressor lzo-rle -- "$WORK/touch" usemem 1536 2
+	for mode in threads processes; do
+		printf 'uswap usemem %-9s ' $mode
+		flag=; [ $mode = processes ] && flag=--processes
+		"$USWAP" usemem 1536M -n 2 $flag --memory-high 1G --compressor lzo-rle |
+			awk '/Total throughput/ { printf "%.0f MB/s ", $NF * 1024 / 1e6 } /elapsed time/ { printf "elapsed %s s\n", $NF }'
+	done
 done
