@@ -210,23 +210,36 @@ fn scope_submit_poll_wait() {
     let expected = direct(codec.as_ref(), &pages);
     for engines in [0, 2] {
         let device = Device::new(DeviceConfig::with_engines(engines)).unwrap();
-        let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
-        let results: Vec<Option<Vec<u8>>> = device.scope(|s| {
-            let tickets: Vec<_> = pages
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(p, b)| s.submit(codec.as_ref(), Op::Compress, p, b))
-                .collect();
-            tickets
-                .into_iter()
-                .map(|t| {
-                    let (r, out) = s.wait(t);
-                    r.ok().map(|n| out[..n].to_vec())
-                })
-                .collect()
-        });
+        let results = compress_in_scope(&device, codec.as_ref(), &pages, || {});
         assert_eq!(results, expected);
     }
+}
+
+/// Compresses `pages` in one scope (submit all, then wait for each in
+/// turn), running `then` once every wait has returned, inside the scope.
+fn compress_in_scope(
+    device: &Device,
+    codec: &dyn Codec,
+    pages: &[Vec<u8>],
+    then: impl FnOnce(),
+) -> Vec<Option<Vec<u8>>> {
+    let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
+    device.scope(|s| {
+        let tickets: Vec<_> = pages
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(p, b)| s.submit(codec, Op::Compress, p, b))
+            .collect();
+        let results = tickets
+            .into_iter()
+            .map(|t| {
+                let (r, out) = s.wait(t);
+                r.ok().map(|n| out[..n].to_vec())
+            })
+            .collect();
+        then();
+        results
+    })
 }
 
 /// A job that no engine has begun once the caller's poll is over (the
@@ -248,20 +261,7 @@ fn a_job_still_queued_after_the_poll_is_run_by_its_caller() {
     .unwrap();
     device.pause_engine(0, true);
     device.pause_engine(1, true);
-    let mut bufs: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
-    let results: Vec<Option<Vec<u8>>> = device.scope(|s| {
-        let tickets: Vec<_> = pages
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(p, b)| s.submit(codec.as_ref(), Op::Compress, p, b))
-            .collect();
-        let results = tickets
-            .into_iter()
-            .map(|t| {
-                let (r, out) = s.wait(t);
-                r.ok().map(|n| out[..n].to_vec())
-            })
-            .collect();
+    let results = compress_in_scope(&device, codec.as_ref(), &pages, || {
         // Every job is done, and none by a stall recovery.
         let stats = device.stats();
         let recovered: u64 = stats.engines.iter().map(|e| e.stall_recoveries).sum();
@@ -270,7 +270,6 @@ fn a_job_still_queued_after_the_poll_is_run_by_its_caller() {
         // The engines let go of their queue entries, so the scope can end.
         device.pause_engine(0, false);
         device.pause_engine(1, false);
-        results
     });
     assert_eq!(results, expected);
 }

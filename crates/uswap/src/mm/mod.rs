@@ -151,11 +151,11 @@ pub(crate) struct Shared {
     /// Tests: a flush stops before its discard while armed (see
     /// [`Runtime::hold_next_discard`]).
     #[cfg(feature = "fault-injection")]
-    pub discard_hold: (Mutex<DiscardHold>, Condvar),
+    pub discard_hold: Hold,
     /// Tests: the event thread stops before reading an own drop's event
     /// while armed (see [`Runtime::hold_events_at_next_drop`]).
     #[cfg(feature = "fault-injection")]
-    pub event_hold: (Mutex<DiscardHold>, Condvar),
+    pub event_hold: Hold,
     /// Turns at the room the reclaimer frees, first come first served
     /// between the fillers: (next ticket, ticket now served).
     pub room_turns: (AtomicU64, AtomicU64),
@@ -326,9 +326,9 @@ impl Runtime {
             reclaim_stuck: AtomicBool::new(false),
             waiting_for_room: AtomicUsize::new(0),
             #[cfg(feature = "fault-injection")]
-            discard_hold: (Mutex::new(DiscardHold::Off), Condvar::new()),
+            discard_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
-            event_hold: (Mutex::new(DiscardHold::Off), Condvar::new()),
+            event_hold: Hold::new(),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
             own_drops: Mutex::new(Vec::new()),
             reads: AtomicU64::new(0),
@@ -532,77 +532,59 @@ impl Runtime {
     /// test can change the address space in that window.
     #[cfg(feature = "fault-injection")]
     pub fn hold_next_discard(&self) {
-        *self.shared.discard_hold.0.lock().expect("hold lock") = DiscardHold::Armed;
+        self.shared.discard_hold.arm();
     }
 
     /// Tests: waits (at most ten seconds) until a flush is held; false if
     /// none was.
     #[cfg(feature = "fault-injection")]
     pub fn wait_discard_held(&self) -> bool {
-        let (lock, cv) = &self.shared.discard_hold;
-        let held = cv
-            .wait_timeout_while(
-                lock.lock().expect("hold lock"),
-                std::time::Duration::from_secs(10),
-                |h| *h != DiscardHold::Held,
-            )
-            .expect("hold lock");
-        *held.0 == DiscardHold::Held
+        self.shared.discard_hold.wait_held()
     }
 
     /// Tests: lets the held flush go on, and waits (at most ten seconds)
     /// until it has discarded what it was going to.
     #[cfg(feature = "fault-injection")]
     pub fn release_discard(&self) {
-        let (lock, cv) = &self.shared.discard_hold;
-        let mut h = lock.lock().expect("hold lock");
-        *h = DiscardHold::Released;
-        cv.notify_all();
-        drop(
-            cv.wait_timeout_while(h, std::time::Duration::from_secs(10), |h| {
-                *h == DiscardHold::Released
-            })
-            .expect("hold lock"),
-        );
+        self.shared.discard_hold.release();
+        self.shared.discard_hold.wait_over();
     }
-}
 
-#[cfg(feature = "fault-injection")]
-impl Runtime {
     /// Tests: once the reclaimer's next drop in place has raised its event,
     /// the event thread leaves it unread until [`Runtime::release_events`]:
     /// the drop waits inside its madvise, with the mapping's lock let go,
     /// so that a test can change the address space in that window.
+    #[cfg(feature = "fault-injection")]
     pub fn hold_events_at_next_drop(&self) {
-        *self.shared.event_hold.0.lock().expect("hold lock") = DiscardHold::Armed;
+        self.shared.event_hold.arm();
     }
 
     /// Tests: waits (at most ten seconds) until a drop's event is held
     /// unread; false if none was.
+    #[cfg(feature = "fault-injection")]
     pub fn wait_events_held(&self) -> bool {
-        let (lock, cv) = &self.shared.event_hold;
-        let held = cv
-            .wait_timeout_while(
-                lock.lock().expect("hold lock"),
-                std::time::Duration::from_secs(10),
-                |h| *h != DiscardHold::Held,
-            )
-            .expect("hold lock");
-        *held.0 == DiscardHold::Held
+        self.shared.event_hold.wait_held()
     }
 
     /// Tests: lets the event thread read the held event (and go on).
+    #[cfg(feature = "fault-injection")]
     pub fn release_events(&self) {
-        let (lock, cv) = &self.shared.event_hold;
-        *lock.lock().expect("hold lock") = DiscardHold::Released;
-        cv.notify_all();
+        self.shared.event_hold.release();
     }
 }
 
-/// Where the test hold of a flush stands.
+/// Tests: a place where a runtime thread stops while a test holds it.
+#[cfg(feature = "fault-injection")]
+pub(crate) struct Hold {
+    state: Mutex<HoldState>,
+    cv: Condvar,
+}
+
+/// Where a [`Hold`] stands: Off -arm-> Armed -thread stops-> Held
+/// -release-> Released -over-> Off.
 #[cfg(feature = "fault-injection")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DiscardHold {
+enum HoldState {
     Off,
     Armed,
     Held,
@@ -610,66 +592,101 @@ pub(crate) enum DiscardHold {
 }
 
 #[cfg(feature = "fault-injection")]
-impl Shared {
-    /// In a flush, before its discard: stops there while a test holds it.
-    pub fn hold_discard_if_armed(&self) {
-        let (lock, cv) = &self.discard_hold;
-        let mut h = lock.lock().expect("hold lock");
-        if *h != DiscardHold::Armed {
+impl Hold {
+    fn new() -> Hold {
+        Hold {
+            state: Mutex::new(HoldState::Off),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn arm(&self) {
+        *self.state.lock().expect("hold lock") = HoldState::Armed;
+    }
+
+    /// On the held thread: while armed, and if `ready` says this is the
+    /// moment, stops here until released.
+    pub fn stop_if_armed(&self, ready: impl FnOnce() -> bool) {
+        let mut h = self.state.lock().expect("hold lock");
+        if *h != HoldState::Armed || !ready() {
             return;
         }
-        *h = DiscardHold::Held;
-        cv.notify_all();
+        *h = HoldState::Held;
+        self.cv.notify_all();
         drop(
-            cv.wait_while(h, |h| *h == DiscardHold::Held)
+            self.cv
+                .wait_while(h, |h| *h == HoldState::Held)
                 .expect("hold lock"),
         );
     }
 
+    /// On the held thread: what the test waits for after the release is
+    /// done.
+    pub fn over(&self) {
+        let mut h = self.state.lock().expect("hold lock");
+        if *h == HoldState::Released {
+            *h = HoldState::Off;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits (at most ten seconds) until a thread stops; false if none did.
+    fn wait_held(&self) -> bool {
+        let held = self
+            .cv
+            .wait_timeout_while(
+                self.state.lock().expect("hold lock"),
+                std::time::Duration::from_secs(10),
+                |h| *h != HoldState::Held,
+            )
+            .expect("hold lock");
+        *held.0 == HoldState::Held
+    }
+
+    fn release(&self) {
+        *self.state.lock().expect("hold lock") = HoldState::Released;
+        self.cv.notify_all();
+    }
+
+    /// Waits (at most ten seconds) until the released thread says it is
+    /// over.
+    fn wait_over(&self) {
+        drop(
+            self.cv
+                .wait_timeout_while(
+                    self.state.lock().expect("hold lock"),
+                    std::time::Duration::from_secs(10),
+                    |h| *h == HoldState::Released,
+                )
+                .expect("hold lock"),
+        );
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl Shared {
     /// The event thread, before it reads: while a test holds it, and one of
     /// the reclaimer's drops in place is under way, waits until that drop's
     /// event is pending in the runtime's own descriptor (nothing else
     /// faults there meanwhile: the test waits for the hold), then stops
     /// until released.
     pub fn hold_events_if_armed(&self) {
-        let (lock, cv) = &self.event_hold;
-        let mut h = lock.lock().expect("hold lock");
-        if *h != DiscardHold::Armed
-            || !self
+        self.event_hold.stop_if_armed(|| {
+            let dropping = self
                 .own_drops
                 .lock()
                 .expect("own drops lock")
                 .iter()
-                .any(|d| d.returned_at.is_none())
-        {
-            return;
-        }
-        let own = self.own_space();
-        let mut pollfd = libc::pollfd {
-            fd: own.uffd.raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the call.
-        if unsafe { libc::poll(&mut pollfd, 1, 10_000) } != 1 {
-            return;
-        }
-        *h = DiscardHold::Held;
-        cv.notify_all();
-        h = cv
-            .wait_while(h, |h| *h == DiscardHold::Held)
-            .expect("hold lock");
-        *h = DiscardHold::Off;
-    }
-
-    /// In a flush, after its discard: tells a waiting test it is over.
-    pub fn end_held_discard(&self) {
-        let (lock, cv) = &self.discard_hold;
-        let mut h = lock.lock().expect("hold lock");
-        if *h == DiscardHold::Released {
-            *h = DiscardHold::Off;
-            cv.notify_all();
-        }
+                .any(|d| d.returned_at.is_none());
+            let mut pollfd = libc::pollfd {
+                fd: self.own_space().uffd.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the call.
+            dropping && unsafe { libc::poll(&mut pollfd, 1, 10_000) } == 1
+        });
+        self.event_hold.over();
     }
 }
 

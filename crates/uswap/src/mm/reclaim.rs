@@ -355,7 +355,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         .fetch_add(1, Ordering::Relaxed);
 
     #[cfg(feature = "fault-injection")]
-    shared.hold_discard_if_armed();
+    shared.discard_hold.stop_if_armed(|| true);
 
     // Drop the stored folios, a run of adjacent ones at a time: moved out
     // without an event where that works (`mm/scratch.rs`), the rest in
@@ -426,7 +426,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     }
 
     #[cfg(feature = "fault-injection")]
-    shared.end_held_discard();
+    shared.discard_hold.over();
 
     let full = results.iter().any(|r| {
         matches!(
