@@ -119,7 +119,6 @@ const UFFDIO_MOVE: libc::c_ulong = uffd_iowr(0x05, 40);
 const UFFD_API: u64 = 0xAA;
 const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 const FEATURE_MOVE: u64 = 1 << 16;
-const REGISTER_MODE_MISSING: u64 = 1;
 const REGISTER_MODE_WP: u64 = 2;
 const MOVE_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
@@ -321,12 +320,11 @@ fn open_scratch(scratch: usize) -> i32 {
         return -1;
     };
     let mut api = [UFFD_API, FEATURE_MOVE | FEATURE_PAGEFAULT_FLAG_WP, 0];
-    let mut register = [
-        scratch as u64,
-        SCRATCH as u64,
-        REGISTER_MODE_MISSING | REGISTER_MODE_WP,
-        0,
-    ];
+    // Write-protect faults only: enough for moves, and a read of the
+    // scratch (mlockall populates every mapping; a debugger) gets zero
+    // pages, where missing-page faults would wait for ever on a descriptor
+    // nobody reads.
+    let mut register = [scratch as u64, SCRATCH as u64, REGISTER_MODE_WP, 0];
     // SAFETY: the ioctls take the kernel structs laid out above, which
     // live on this frame; the scratch is the agent's own mapping (a forked
     // child may hold copies of pages a move left there: dropped first).
@@ -358,6 +356,7 @@ fn move_out(start: usize, len: usize) -> u64 {
     }
     let scratch = STACK_BASE.load(Ordering::Acquire) + STACK;
     let mut done = 0;
+    let mut emptied = false;
     while done < len {
         let n = (len - done).min(SCRATCH);
         let mut m: [u64; 5] = [
@@ -371,6 +370,15 @@ fn move_out(start: usize, len: usize) -> u64 {
         // source is stored pages the supervisor owns (it evicts them), the
         // destination the agent's empty scratch.
         let r = unsafe { libc::ioctl(fd, UFFDIO_MOVE as _, m.as_mut_ptr()) };
+        // EEXIST comes only with nothing moved (a partial move is EAGAIN).
+        if r != 0 && errno() == libc::EEXIST && !emptied {
+            // Something read the scratch and the kernel put zero pages
+            // there: empty it all, once, and try again.
+            emptied = true;
+            // SAFETY: the agent's own scratch; nothing of value lies there.
+            unsafe { libc::madvise(scratch as *mut _, SCRATCH, libc::MADV_DONTNEED) };
+            continue;
+        }
         let moved = if r == 0 {
             n
         } else {

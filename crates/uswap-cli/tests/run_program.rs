@@ -122,6 +122,34 @@ fn a_shell_running_many_short_commands_prints_only_its_own_output() {
     assert_eq!(text(&out.stderr), "");
 }
 
+/// A program that calls mlockall at start-up runs to the end: the kernel
+/// populates every mapping then, and the agent's scratch was registered for
+/// missing-page faults on a descriptor nobody reads, so mlockall waited for
+/// ever.
+#[test]
+fn a_program_that_locks_its_memory_runs_to_the_end() {
+    let exe = build("mlocked");
+    let child = Command::new(USWAP)
+        .args(["run", "--memory-high", "32M", "--"])
+        .arg(&exe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_within(child, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).ends_with("bad 0\n"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 /// A forked child that closes every descriptor it did not open and opens
 /// its own goes on working under the limit: the agent neither takes that
 /// for its supervisor dying (it killed the child) nor uses the program's

@@ -69,7 +69,7 @@ struct EventThread<'a> {
     follow_ups: Vec<FollowUp>,
     /// Events read and not yet applied, and the index of each one's space.
     raw: Vec<Event>,
-    origin: Vec<u32>,
+    origin: Vec<(u32, u64)>,
     /// One entry per space, for poll; grown only under the gate (never
     /// while the program forks: see `read_pending`).
     pollfds: Vec<libc::pollfd>,
@@ -129,8 +129,8 @@ impl EventThread<'_> {
         let applied = shared.reads.load(Ordering::Acquire);
         let spaces: Vec<Arc<Space>> = shared.spaces.read().expect("spaces lock").clone();
         let origins = std::mem::take(&mut self.origin);
-        for (event, k) in self.raw.drain(..).zip(origins.iter()) {
-            let space = &spaces[*k as usize];
+        for (event, &(k, read_no)) in self.raw.drain(..).zip(origins.iter()) {
+            let space = &spaces[k as usize];
             match event {
                 Event::PageFault {
                     addr,
@@ -146,7 +146,7 @@ impl EventThread<'_> {
                     read_at,
                 }),
                 Event::Remove { start, end } => {
-                    if !shared.is_own_drop(space, start, end, applied) {
+                    if !shared.is_own_drop(space, start, end, read_no) {
                         events::on_remove(shared, space, start, end);
                     }
                 }
@@ -172,10 +172,11 @@ impl EventThread<'_> {
     }
 
     /// Reads what every live space has pending into `raw` (whose capacity is
-    /// reserved: no allocation), noting each event's space in `origin`.
+    /// reserved: no allocation), noting each event's space and read number
+    /// in `origin`.
     fn read_raw(&mut self) -> usize {
         let spaces = self.shared.spaces.read().expect("spaces lock");
-        self.shared.reads.fetch_add(1, Ordering::AcqRel);
+        let read_no = self.shared.reads.fetch_add(1, Ordering::AcqRel) + 1;
         let mut read = 0;
         for (k, space) in spaces.iter().enumerate() {
             if !space.alive.load(Ordering::Acquire)
@@ -189,7 +190,7 @@ impl EventThread<'_> {
                 Err(e) => panic!("reading userfaultfd events: {e}"),
             }
             while self.origin.len() < self.raw.len() {
-                self.origin.push(k as u32);
+                self.origin.push((k as u32, read_no));
             }
         }
         read

@@ -109,8 +109,11 @@ struct OwnDrop {
     space: u32,
     start: usize,
     end: usize,
-    /// The range of the last event taken as this drop's, if any.
-    last: Option<(usize, usize)>,
+    /// The end of the part from `start` on that the events taken as this
+    /// drop's cover.
+    cursor: usize,
+    /// The start of the last event taken as this drop's, if any.
+    last_start: Option<usize>,
     /// The event thread's read count when the call returned, once it has.
     returned_at: Option<u64>,
 }
@@ -785,7 +788,8 @@ impl Shared {
                 space,
                 start,
                 end: start + len,
-                last: None,
+                cursor: start,
+                last_start: None,
                 returned_at: None,
             });
     }
@@ -893,11 +897,15 @@ impl Shared {
     /// the drop's own.)
     ///
     /// Left open, the event carrying no thread to tell them apart: a
-    /// program's event that continues exactly where the drop's last event
-    /// ended, or that repeats a whole mapping at its start while the drop is
-    /// under way, is taken for the reclaimer's (the program then reads the
-    /// bytes it dropped instead of zeros); and a split undone again before
-    /// its repetition is read makes that repetition the program's. Only
+    /// program's event that continues where the covered part ends, or that
+    /// repeats a whole mapping at its start while the drop is under way, is
+    /// taken for the reclaimer's (the program then reads the bytes it
+    /// dropped instead of zeros); the layout is read when the event is
+    /// applied, not when it was raised, so a split undone again before its
+    /// repetition is read makes that repetition the program's; and memory
+    /// unmapped and mapped anew inside the range while the drop waits is
+    /// dropped without an event (it is not registered), and the walk's next
+    /// event then starts past a gap that is no longer there. Only
     /// drops in place are judged here: stored pages leave by a move, which
     /// raises no event (`mm/scratch.rs`), so the race is left to pages that
     /// cannot move.
@@ -910,16 +918,20 @@ impl Shared {
             if d.space != space.id || start < d.start || end > d.end {
                 return false;
             }
-            // Where the walk goes on if nothing was split.
-            let next = d.last.map_or(d.start, |(_, last_end)| last_end);
-            if start == next || (start > next && memory.any_unmapped(next, start)) {
+            // The walk goes on where the covered part ends (an event that
+            // starts before and ends past it is taken too: were a
+            // program's event taken for the drop's next one, the drop's own
+            // would still extend what is covered).
+            if (start <= d.cursor && end > d.cursor)
+                || (start > d.cursor && memory.any_unmapped(d.cursor, start))
+            {
                 return true;
             }
-            let Some((last_start, last_end)) = d.last else {
+            let Some(last_start) = d.last_start else {
                 return false;
             };
             start > last_start
-                && start < last_end
+                && start < d.cursor
                 && d.returned_at.is_none_or(|at| at >= read)
                 && memory
                     .mapping_at(start)
@@ -927,7 +939,8 @@ impl Shared {
         });
         match own {
             Some(d) => {
-                d.last = Some((start, end));
+                d.cursor = d.cursor.max(end);
+                d.last_start = Some(start);
                 true
             }
             None => false,

@@ -375,11 +375,14 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // see `Memory::discard_quietly`); a drop in place must wait for
             // its event to be read, so it follows once the gate is released
             // (a window left open).
-            let settled = settled_gate(shared, space, start, len);
+            let (settled, registered) = settled_gate(shared, space, start, len);
             let (first, count) = run;
-            let moved_away = plug[first..first + count]
-                .iter()
-                .any(|v| v.region.moves.load(Ordering::Acquire) != v.moves);
+            // Part of the range no longer registered: unmapped, and perhaps
+            // mapped anew by the program (whose pages a discard would take).
+            let moved_away = !registered
+                || plug[first..first + count]
+                    .iter()
+                    .any(|v| v.region.moves.load(Ordering::Acquire) != v.moves);
             // A write let in by a protection lifted meanwhile would be lost
             // with the discard: the copies are void then too.
             let written = !shared.unprotects.none_since(mark, space.id, start, len);
@@ -415,11 +418,18 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         match memory.drop_pages(start, len) {
             Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {}
             Err(DropError::Failed(e)) => {
-                shared
+                let before = shared
                     .counters
                     .eviction_drop_failed
                     .fetch_add(1, Ordering::Relaxed);
-                eprintln!("uswap: dropping {start:#x}+{len:#x} after storing it: {e}");
+                // Said once: memory the program locked (mlock) refuses
+                // every drop (EINVAL), and would repeat the line at every
+                // pass; the counter says how often.
+                if before == 0 {
+                    eprintln!(
+                        "uswap: dropping {start:#x}+{len:#x} after storing it: {e}; it stays in memory (further failures are counted in eviction_drop_failed)"
+                    );
+                }
             }
         }
         shared.end_own_drop(space.id, start);
@@ -470,7 +480,7 @@ fn finish_folio(
     let fs = region.folio_size;
     let pages = region.pages_per_folio() as usize;
     let mut follow_ups = Vec::new();
-    let gate = settled_gate(shared, space, region.folio_addr(i), fs);
+    let (gate, _) = settled_gate(shared, space, region.folio_addr(i), fs);
     if !space.alive.load(Ordering::Acquire) {
         // The process is gone (`events::release_space` left this folio to
         // us): nothing to keep.
@@ -595,13 +605,15 @@ fn finish_folio(
 /// address space is pending: every move, unmap and drop that has happened is
 /// then in the bookkeeping, so a folio's address is where its pages are.
 /// The probe write-protects `start..start + len` of an evicting folio again,
-/// which changes nothing but answers EAGAIN while an event is unread.
+/// which changes nothing but answers EAGAIN while an event is unread; with
+/// the gate comes whether the whole range is still registered (ENOENT: part
+/// of it was unmapped).
 fn settled_gate<'a>(
     shared: &'a Shared,
     space: &Space,
     start: usize,
     len: usize,
-) -> std::sync::RwLockReadGuard<'a, ()> {
+) -> (std::sync::RwLockReadGuard<'a, ()>, bool) {
     loop {
         let gate = shared.read_gate();
         match space.uffd.write_protect(start, len, true) {
@@ -609,7 +621,8 @@ fn settled_gate<'a>(
                 drop(gate);
                 std::thread::yield_now();
             }
-            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => return gate,
+            Ok(()) => return (gate, true),
+            Err(UffdError::NoMapping | UffdError::ProcessGone) => return (gate, false),
             Err(e) => panic!("write-protecting {start:#x}: {e}"),
         }
     }

@@ -34,7 +34,7 @@
 //! and pinning gives the parent a copy of its own.) Whatever did not move
 //! is dropped in place as before, by the caller.
 
-use super::uffd::{Partial, Uffd};
+use super::uffd::{Partial, Uffd, UffdError};
 use crate::page::PAGE_SIZE;
 
 /// The scratch mapping's size: one 2 MiB folio, or a plug of smaller ones,
@@ -44,8 +44,11 @@ const SCRATCH_LEN: usize = 2 << 20;
 /// A mapping the reclaimer moves stored pages into, and the descriptor it is
 /// registered with.
 pub(crate) struct Scratch {
-    /// Registered for missing faults, which nothing ever takes: nothing
-    /// reads the scratch (a touch of it would wait for ever).
+    /// Registered for write-protect faults only (see
+    /// [`Uffd::register_for_moves`]): the program may read the scratch (a
+    /// debugger, or `mlockall`, which populates every mapping) and then
+    /// finds zeros, where a registration for missing pages would hold it
+    /// for ever on a descriptor nobody reads.
     uffd: Uffd,
     base: usize,
 }
@@ -77,7 +80,10 @@ impl Scratch {
         // Pages come in one by one; a huge page would only have to be split.
         // SAFETY: advice on our own mapping.
         unsafe { libc::madvise(base, SCRATCH_LEN, libc::MADV_NOHUGEPAGE) };
-        scratch.uffd.register(scratch.base, SCRATCH_LEN).ok()?;
+        scratch
+            .uffd
+            .register_for_moves(scratch.base, SCRATCH_LEN)
+            .ok()?;
         Some(scratch)
     }
 
@@ -92,9 +98,23 @@ impl Scratch {
     /// place.
     pub fn discard(&self, start: usize, len: usize) -> usize {
         let mut done = 0;
+        let mut emptied = false;
         while done < len {
             let n = (len - done).min(SCRATCH_LEN);
             let result = self.uffd.move_pages(self.base, start + done, n);
+            if let Err(Partial {
+                filled: 0,
+                error: UffdError::Exists,
+            }) = result
+            {
+                // Something read the scratch and the kernel put zero pages
+                // there: empty it all, once, and try again.
+                if !emptied {
+                    emptied = true;
+                    self.clear(SCRATCH_LEN);
+                    continue;
+                }
+            }
             let moved = match &result {
                 Ok(()) => n,
                 Err(Partial { filled, .. }) => *filled / PAGE_SIZE * PAGE_SIZE,

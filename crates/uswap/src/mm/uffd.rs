@@ -405,6 +405,20 @@ impl Uffd {
         self.ioctl(UFFDIO_REGISTER, &mut reg)
     }
 
+    /// Registers a range for write-protect faults only: enough to move
+    /// pages into it (UFFDIO_MOVE asks only that the destination be
+    /// registered with the descriptor), while a read of a missing page
+    /// there gets a zero page from the kernel instead of waiting on a
+    /// descriptor nobody reads.
+    pub fn register_for_moves(&self, start: usize, len: usize) -> Result<(), UffdError> {
+        let mut reg = UffdioRegister {
+            range: range(start, len),
+            mode: REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        self.ioctl(UFFDIO_REGISTER, &mut reg)
+    }
+
     /// Unregisters a range; threads blocked on it are woken.
     pub fn unregister(&self, start: usize, len: usize) -> Result<(), UffdError> {
         self.ioctl(UFFDIO_UNREGISTER, &mut range(start, len))
