@@ -53,8 +53,9 @@ pub struct Args {
     #[arg(long, default_value = "pressure,no-pressure", value_delimiter = ',')]
     mode: Vec<Mode>,
     /// How long the event thread looks for the next event before it
-    /// sleeps, in microseconds; several values are measured side by side.
-    #[arg(long, default_value = "0", value_delimiter = ',')]
+    /// sleeps while memory is well under the limit, in microseconds (the
+    /// runtime's default is 50); several values are measured side by side.
+    #[arg(long, default_value = "50", value_delimiter = ',')]
     event_spin_us: Vec<u64>,
     /// How stored pages leave memory: `move` (moved out, no event, where
     /// the kernel can) or `in-place` (MADV_DONTNEED); both measured side by
