@@ -1239,3 +1239,90 @@ fn a_drop_in_place_split_by_mprotect_while_it_waits_keeps_every_page() {
         assert!(stats.discarded_in_place > 0, "{stats:?}");
     });
 }
+
+/// A model soak once saw a forked child read zeros at a page the program had
+/// moved out of its region (a partial mremap), while the parent read it
+/// right. The folio (4 KiB) was stored and discarded, then moved before its
+/// eviction finished, then the program forked: the child inherited the
+/// folio with its moved page recorded, but when the eviction finished it
+/// took the moved page for a hole (moved pages are not installed at the
+/// folio's own address) and forgot it, so nothing installed it where it
+/// went in the child. The parent's own finish already kept moved pages.
+#[test]
+fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: PAGE,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let len = 8 * PAGE;
+        let region = rt.map(len).unwrap();
+        let base = region.as_ptr() as usize;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, expect(base, base + i * 8));
+        }
+        // SAFETY: a reservation to move a page onto, and a shared page for
+        // the child's report.
+        let (target, report) = unsafe {
+            let t = libc::mmap(
+                std::ptr::null_mut(),
+                4 * PAGE,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(t, libc::MAP_FAILED);
+            let r = libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(r, libc::MAP_FAILED);
+            (t as usize + PAGE, r as *mut u64)
+        };
+        rt.hold_next_finish();
+        rt.set_memory_high(PAGE);
+        assert!(rt.wait_finish_held(), "no flush reached its finish");
+        let moved = base + PAGE;
+        // SAFETY: moving one page of our own region onto our reservation.
+        let at = unsafe {
+            libc::mremap(
+                moved as *mut _,
+                PAGE,
+                PAGE,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                target as *mut libc::c_void,
+            )
+        };
+        assert_eq!(at as usize, target);
+        // SAFETY: the child only reads the moved page into the shared
+        // report page and ends at once.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe {
+                *report = std::ptr::read_volatile(target as *const u64);
+                libc::_exit(0);
+            }
+        }
+        rt.release_finish();
+        rt.set_memory_high(16 * MIB);
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let want = expect(base, moved);
+        // SAFETY: the moved page, ours; the report, written by the child
+        // that has exited.
+        let (parent, child) = unsafe { (std::ptr::read_volatile(target as *const u64), *report) };
+        assert_eq!(parent, want, "the parent's moved page");
+        assert_eq!(child, want, "the child's moved page");
+    });
+}

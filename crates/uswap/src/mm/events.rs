@@ -390,8 +390,13 @@ pub(crate) fn resolve_inheritors(
                     RESIDENT
                 }
             }
+            // Nothing to install anywhere: the child is gone, or every page
+            // is a hole and none moved (moved pages count as holes at the
+            // folio's own address, but live on where they went, as in the
+            // owner's `finish_folio`).
             Outcome::Swapped(_)
-                if !child.alive.load(Ordering::Acquire) || extras.holes().covers(pages) =>
+                if !child.alive.load(Ordering::Acquire)
+                    || (extras.holes().covers(pages) && extras.moved.is_empty()) =>
             {
                 child.take_extras(&heir.region, i);
                 if extras.unmapped.covers(pages) {

@@ -155,6 +155,10 @@ pub(crate) struct Shared {
     /// [`Runtime::hold_next_discard`]).
     #[cfg(feature = "fault-injection")]
     pub discard_hold: Hold,
+    /// Tests: a flush stops after its discard, before it finishes its
+    /// folios, while armed (see [`Runtime::hold_next_finish`]).
+    #[cfg(feature = "fault-injection")]
+    pub finish_hold: Hold,
     /// Tests: the event thread stops before reading an own drop's event
     /// while armed (see [`Runtime::hold_events_at_next_drop`]).
     #[cfg(feature = "fault-injection")]
@@ -330,6 +334,8 @@ impl Runtime {
             waiting_for_room: AtomicUsize::new(0),
             #[cfg(feature = "fault-injection")]
             discard_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            finish_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             event_hold: Hold::new(),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -551,6 +557,27 @@ impl Runtime {
     pub fn release_discard(&self) {
         self.shared.discard_hold.release();
         self.shared.discard_hold.wait_over();
+    }
+
+    /// Tests: the next flush stops after its folios are discarded, before
+    /// it finishes them (they are still EVICTING), until
+    /// [`Runtime::release_finish`].
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_finish(&self) {
+        self.shared.finish_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until a flush is held before its
+    /// finish; false if none was.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_finish_held(&self) -> bool {
+        self.shared.finish_hold.wait_held()
+    }
+
+    /// Tests: lets the flush held before its finish go on.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_finish(&self) {
+        self.shared.finish_hold.release();
     }
 
     /// Tests: once the reclaimer's next drop in place has raised its event,

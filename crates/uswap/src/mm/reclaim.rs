@@ -436,7 +436,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     }
 
     #[cfg(feature = "fault-injection")]
-    shared.discard_hold.over();
+    {
+        shared.discard_hold.over();
+        shared.finish_hold.stop_if_armed(|| true);
+        shared.finish_hold.over();
+    }
 
     let full = results.iter().any(|r| {
         matches!(
