@@ -125,12 +125,16 @@ fn a_shell_running_many_short_commands_prints_only_its_own_output() {
 /// A program that calls mlockall at start-up runs to the end: the kernel
 /// populates every mapping then, and the agent's scratch was registered for
 /// missing-page faults on a descriptor nobody reads, so mlockall waited for
-/// ever.
+/// ever. Its locked memory leaves reclaim once a drop of it is refused
+/// (it was stored and refused again at every pass).
 #[test]
 fn a_program_that_locks_its_memory_runs_to_the_end() {
     let exe = build("mlocked");
+    let stats = exe.with_extension("stats");
     let child = Command::new(USWAP)
-        .args(["run", "--memory-high", "32M", "--"])
+        .args(["run", "--memory-high", "32M", "--stats-file"])
+        .arg(&stats)
+        .arg("--")
         .arg(&exe)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -143,11 +147,17 @@ fn a_program_that_locks_its_memory_runs_to_the_end() {
         out.status,
         text(&out.stderr)
     );
-    assert!(
-        text(&out.stdout).ends_with("bad 0\n"),
-        "{}",
-        text(&out.stdout)
-    );
+    let stdout = text(&out.stdout);
+    assert!(stdout.ends_with("bad 0\n"), "{stdout}");
+    let c = counters(&stats);
+    if stdout.starts_with("locked 1") {
+        // Each locked folio is refused once, then left alone.
+        assert!(c["unevictable_folios"] > 0, "{c:?}");
+        assert!(
+            c["eviction_drop_failed"] <= c["unevictable_folios"],
+            "{c:?}"
+        );
+    }
 }
 
 /// A forked child that closes every descriptor it did not open and opens

@@ -75,6 +75,9 @@ counters! {
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.
     eviction_drop_failed,
+    /// Folios left out of reclaim because their memory is locked (mlock):
+    /// the drop was refused. They stay resident and counted.
+    unevictable_folios,
     /// Plugs flushed to the store.
     reclaim_batches,
     /// Times the reclaimer backed off because the store refused a plug for

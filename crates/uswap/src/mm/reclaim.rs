@@ -361,6 +361,8 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // without an event where that works (`mm/scratch.rs`), the rest in
     // place. The event thread attributes the REMOVE events a drop in place
     // raises to the reclaimer.
+    // Folios whose drop the kernel refused because their memory is locked.
+    let mut locked = vec![false; plug.len()];
     for run in runs(plug, |k| results[k].is_ok()) {
         let (start, len) = run_range(plug, run);
         let gone = {
@@ -418,6 +420,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         match memory.drop_pages(start, len) {
             Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {}
             Err(DropError::Failed(e)) => {
+                // MADV_DONTNEED refuses (EINVAL) only memory the program
+                // locked (mlock) among what the runtime manages.
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    locked[run.0..run.0 + run.1].fill(true);
+                }
                 let before = shared
                     .counters
                     .eviction_drop_failed
@@ -449,8 +456,18 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         )
     });
     let mut progress = false;
-    for ((v, result), was_protected) in plug.drain(..).zip(results).zip(protected) {
-        let gone = finish_folio(shared, space, &v.region, v.folio, result, was_protected);
+    for (((v, result), was_protected), locked) in
+        plug.drain(..).zip(results).zip(protected).zip(locked)
+    {
+        let gone = finish_folio(
+            shared,
+            space,
+            &v.region,
+            v.folio,
+            result,
+            was_protected,
+            locked,
+        );
         if gone && v.clean.is_some() {
             shared
                 .counters
@@ -479,6 +496,7 @@ fn finish_folio(
     i: usize,
     result: Result<SlotRange, StoreError>,
     was_protected: bool,
+    locked: bool,
 ) -> bool {
     let f = &region.folios[i];
     let fs = region.folio_size;
@@ -565,6 +583,17 @@ fn finish_folio(
             } else if extras.removed.covers(pages) {
                 f.set(UNTOUCHED);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
+            } else if locked {
+                // Locked memory stays out of reclaim, as the kernel keeps it
+                // off its LRU: taken again, it would be stored and refused
+                // at every pass. It still counts as resident; it comes back
+                // to reclaim once the program drops or unmaps it and touches
+                // it anew.
+                f.set(RESIDENT);
+                shared
+                    .counters
+                    .unevictable_folios
+                    .fetch_add(1, Ordering::Relaxed);
             } else {
                 f.set(RESIDENT);
                 shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
