@@ -361,8 +361,9 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // without an event where that works (`mm/scratch.rs`), the rest in
     // place. The event thread attributes the REMOVE events a drop in place
     // raises to the reclaimer.
-    // Folios whose drop the kernel refused because their memory is locked.
-    let mut locked = vec![false; plug.len()];
+    // Runs (first, count) whose drop the kernel refused because their
+    // memory is locked; empty, and not allocated, in the usual case.
+    let mut locked: Vec<(usize, usize)> = Vec::new();
     for run in runs(plug, |k| results[k].is_ok()) {
         let (start, len) = run_range(plug, run);
         let gone = {
@@ -423,7 +424,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 // MADV_DONTNEED refuses (EINVAL) only memory the program
                 // locked (mlock) among what the runtime manages.
                 if e.raw_os_error() == Some(libc::EINVAL) {
-                    locked[run.0..run.0 + run.1].fill(true);
+                    locked.push(run);
                 }
                 let before = shared
                     .counters
@@ -456,9 +457,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         )
     });
     let mut progress = false;
-    for (((v, result), was_protected), locked) in
-        plug.drain(..).zip(results).zip(protected).zip(locked)
+    for (k, ((v, result), was_protected)) in plug.drain(..).zip(results).zip(protected).enumerate()
     {
+        let in_locked_run = locked
+            .iter()
+            .any(|&(first, count)| (first..first + count).contains(&k));
         let gone = finish_folio(
             shared,
             space,
@@ -466,7 +469,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             v.folio,
             result,
             was_protected,
-            locked,
+            in_locked_run,
         );
         if gone && v.clean.is_some() {
             shared
