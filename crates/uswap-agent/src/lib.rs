@@ -23,17 +23,23 @@
 //! Dropped in place, stored pages raise a REMOVE event on the program's
 //! userfaultfd that looks like the program's own MADV_DONTNEED, and the
 //! madvise waits until the supervisor has read it. So the agent first moves
-//! them out (UFFDIO_MOVE, Linux 6.8) into a scratch of its own, registered
-//! with a second userfaultfd that reports no events, and drops them there;
-//! only pages that cannot move (shared with a forked child, or in a
-//! mapping of other protection) are dropped in place. The scratch lies
-//! right after the agent thread's stack, and both are the agent's own
-//! memory, which the supervisor never manages:
+//! them out (UFFDIO_MOVE, Linux 6.8; it works only inside the caller's own
+//! address space, hence the agent) through the program's descriptor into
+//! a scratch of its own, registered with that descriptor for write-protect
+//! faults only, and empties the scratch when it is full (unregistered
+//! meanwhile, so that the drop raises no event). Only pages that cannot
+//! move (shared with a forked child, or in a mapping of other protection)
+//! are dropped in place. The supervisor checks a range under its settled
+//! gate and lets the gate go before it asks, so the agent checks it again
+//! right before the move (see `move_out`); and the kernel refuses a move
+//! through the program's descriptor while one of its events is unread. The
+//! scratch lies right after the agent thread's stack, and both are the
+//! agent's own memory, which the supervisor never manages:
 //!
 //! ```text
 //!   own memory:  [ agent thread's stack | scratch (2 MiB) ]
-//!                  unregistered           registered with the scratch's
-//!                                         descriptor (no events)
+//!                  unregistered           registered with the program's
+//!                                         descriptor, write-protect only
 //! ```
 //!
 //! What it never does: allocate through the program's malloc on the agent
@@ -80,11 +86,6 @@ static UFFD_INODE: AtomicU64 = AtomicU64::new(0);
 static STACK_BASE: AtomicUsize = AtomicUsize::new(0);
 /// The beacon page (see the module docs).
 static BEACON: AtomicUsize = AtomicUsize::new(0);
-/// The descriptor the scratch is registered with (-1: none, no moves).
-static SCRATCH_UFFD: AtomicI32 = AtomicI32::new(-1);
-/// Its inode, to tell it from a descriptor the program opened under the
-/// same number after closing ours.
-static SCRATCH_INODE: AtomicU64 = AtomicU64::new(0);
 /// The supervisor's socket name, for forked children (no allocation there).
 static NAME: OnceLock<([u8; 108], usize)> = OnceLock::new();
 
@@ -109,17 +110,21 @@ const SCRATCH: usize = 2 << 20;
 const fn uffd_iowr(nr: libc::c_ulong, size: usize) -> libc::c_ulong {
     (3 << 30) | ((size as libc::c_ulong) << 16) | (0xAA << 8) | nr
 }
-/// `struct uffdio_api`: api, features, ioctls.
-const UFFDIO_API: libc::c_ulong = uffd_iowr(0x3F, 24);
+/// `_IOR(0xAA, nr, size)`.
+const fn uffd_ior(nr: libc::c_ulong, size: usize) -> libc::c_ulong {
+    (2 << 30) | ((size as libc::c_ulong) << 16) | (0xAA << 8) | nr
+}
 /// `struct uffdio_register`: start, len, mode, ioctls.
 const UFFDIO_REGISTER: libc::c_ulong = uffd_iowr(0x00, 32);
+/// `struct uffdio_range`: start, len.
+const UFFDIO_UNREGISTER: libc::c_ulong = uffd_ior(0x01, 16);
+/// `struct uffdio_writeprotect`: start, len, mode.
+const UFFDIO_WRITEPROTECT: libc::c_ulong = uffd_iowr(0x06, 24);
 /// `struct uffdio_move`: dst, src, len, mode, move (bytes moved, or a
 /// negative errno).
 const UFFDIO_MOVE: libc::c_ulong = uffd_iowr(0x05, 40);
-const UFFD_API: u64 = 0xAA;
-const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
-const FEATURE_MOVE: u64 = 1 << 16;
 const REGISTER_MODE_WP: u64 = 2;
+const WRITEPROTECT_MODE_WP: u64 = 1;
 const MOVE_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
@@ -311,95 +316,136 @@ fn map(len: usize, flags: libc::c_int) -> *mut libc::c_void {
     }
 }
 
-/// Makes `scratch` (SCRATCH bytes of the agent's own memory) ready for
-/// moves: empties it and registers it with a new userfaultfd that reports
-/// no events. Returns the descriptor, or -1 where the kernel cannot move
-/// pages (the agent then only drops in place).
-fn open_scratch(scratch: usize) -> i32 {
-    let Ok(fd) = new_userfaultfd() else {
-        return -1;
-    };
-    let mut api = [UFFD_API, FEATURE_MOVE | FEATURE_PAGEFAULT_FLAG_WP, 0];
-    // Write-protect faults only: enough for moves, and a read of the
-    // scratch (mlockall populates every mapping; a debugger) gets zero
-    // pages, where missing-page faults would wait for ever on a descriptor
-    // nobody reads.
-    let mut register = [scratch as u64, SCRATCH as u64, REGISTER_MODE_WP, 0];
-    // SAFETY: the ioctls take the kernel structs laid out above, which
-    // live on this frame; the scratch is the agent's own mapping (a forked
-    // child may hold copies of pages a move left there: dropped first).
-    let ready = unsafe {
-        libc::ioctl(fd, UFFDIO_API as _, api.as_mut_ptr()) == 0
-            && libc::madvise(scratch as *mut _, SCRATCH, libc::MADV_DONTNEED) == 0
-            && libc::ioctl(fd, UFFDIO_REGISTER as _, register.as_mut_ptr()) == 0
-    };
-    if !ready {
-        close(fd);
-        return -1;
-    }
-    let fd = lift(fd);
-    SCRATCH_INODE.store(inode(fd), Ordering::Release);
-    SCRATCH_UFFD.store(fd, Ordering::Release);
-    fd
+/// The scratch, as the agent thread sees it (a forked child's thread starts
+/// with it `Unready`: what it inherited is registered with the child's
+/// descriptor, or not at all).
+#[derive(Clone, Copy)]
+enum Scratch {
+    /// Not yet registered with the program's descriptor (it is negotiated
+    /// once the verdict has come; the first discard does it).
+    Unready,
+    /// Registered; this many bytes from its start hold moved pages.
+    Filled(usize),
+    /// It could not be made ready: the supervisor drops in place.
+    Broken(i32),
 }
 
-/// Moves the pages of `start..start + len` into the scratch, a scratch's
-/// worth at a time, and drops them there; returns how many bytes from
-/// `start` are gone that way. A move stops at the first page that cannot
-/// move (EBUSY: shared with a forked child or pinned; EINVAL: a mapping of
-/// other protection); the supervisor drops the rest in place.
-fn move_out(start: usize, len: usize) -> u64 {
-    let fd = SCRATCH_UFFD.load(Ordering::Acquire);
-    if fd < 0 || inode(fd) != SCRATCH_INODE.load(Ordering::Acquire) {
-        // None, or the program closed it (the number may be the program's).
-        return 0;
+/// The scratch's address (right after the agent thread's stack).
+fn scratch_base() -> usize {
+    STACK_BASE.load(Ordering::Acquire) + STACK
+}
+
+/// One ioctl on the program's descriptor with `arg` (a kernel struct laid
+/// out as words); the errno on failure.
+fn uffd_ioctl<const N: usize>(request: libc::c_ulong, arg: &mut [u64; N]) -> Result<(), i32> {
+    let fd = UFFD.load(Ordering::Acquire);
+    // SAFETY: every request is paired with the struct its number encodes,
+    // on the caller's frame; the descriptor is the agent's copy of the
+    // program's userfaultfd.
+    if unsafe { libc::ioctl(fd, request as _, arg.as_mut_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(errno())
     }
-    let scratch = STACK_BASE.load(Ordering::Acquire) + STACK;
-    let mut done = 0;
+}
+
+/// Empties the scratch: unregistered while its pages are dropped (so that
+/// the drop raises no event), then registered with the program's
+/// descriptor again, for write-protect faults only: enough for moves, and
+/// a read of the scratch (mlockall populates every mapping; a debugger)
+/// gets zero pages, where missing-page faults would wait for the
+/// supervisor.
+fn empty_scratch() -> Scratch {
+    let base = scratch_base() as u64;
+    let mut range = [base, SCRATCH as u64];
+    let mut register = [base, SCRATCH as u64, REGISTER_MODE_WP, 0];
+    let done = uffd_ioctl(UFFDIO_UNREGISTER, &mut range)
+        .and_then(|()| {
+            // SAFETY: the agent's own scratch; what lies there are copies
+            // the supervisor has stored.
+            match unsafe { libc::madvise(base as *mut _, SCRATCH, libc::MADV_DONTNEED) } {
+                0 => Ok(()),
+                _ => Err(errno()),
+            }
+        })
+        .and_then(|()| uffd_ioctl(UFFDIO_REGISTER, &mut register));
+    match done {
+        Ok(()) => Scratch::Filled(0),
+        Err(e) => {
+            say(&["cannot ready the scratch; pages are dropped in place from now on"]);
+            Scratch::Broken(e)
+        }
+    }
+}
+
+/// Moves the pages of `start..start + len` (at most a scratch's worth) into
+/// the scratch, through the program's own descriptor. Returns the bytes
+/// from `start` moved, and 0 or the errno that stopped the move: EAGAIN
+/// (an event of the program is unread) and ENOENT (the range is no longer
+/// wholly registered) before anything moved, so that the supervisor reads
+/// the events and checks the range again; EBUSY (shared with a forked
+/// child, or pinned) and EINVAL (a mapping of other protection) wherever
+/// the move stopped, the rest to be dropped in place.
+///
+/// The supervisor checked the range under its settled gate and let the
+/// gate go before asking: meanwhile the program may have unmapped the
+/// range and mapped other memory there. So the range is checked again
+/// here, right before the move: write-protecting it again changes nothing
+/// but answers EAGAIN while an event is unread and ENOENT where part of it
+/// is no longer registered; and the move itself is refused while an event
+/// is unread.
+fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
+    if len > SCRATCH {
+        return (0, libc::EINVAL);
+    }
     let mut emptied = false;
-    while done < len {
-        let n = (len - done).min(SCRATCH);
+    loop {
+        let at = match *scratch {
+            Scratch::Unready => {
+                *scratch = empty_scratch();
+                emptied = true;
+                continue;
+            }
+            Scratch::Broken(e) => return (0, e),
+            Scratch::Filled(at) if at + len > SCRATCH => {
+                *scratch = empty_scratch();
+                emptied = true;
+                continue;
+            }
+            Scratch::Filled(at) => at,
+        };
+        let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
+        if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
+            return (0, e);
+        }
         let mut m: [u64; 5] = [
-            scratch as u64,
-            (start + done) as u64,
-            n as u64,
+            (scratch_base() + at) as u64,
+            start as u64,
+            len as u64,
             MOVE_MODE_DONTWAKE | MOVE_MODE_ALLOW_SRC_HOLES,
             0,
         ];
-        // SAFETY: UFFDIO_MOVE takes the struct above, on this frame; the
-        // source is stored pages the supervisor owns (it evicts them), the
-        // destination the agent's empty scratch.
-        let r = unsafe { libc::ioctl(fd, UFFDIO_MOVE as _, m.as_mut_ptr()) };
-        // EEXIST comes only with nothing moved (a partial move is EAGAIN).
-        if r != 0 && errno() == libc::EEXIST && !emptied {
-            // Something read the scratch and the kernel put zero pages
-            // there: empty it all, once, and try again.
-            emptied = true;
-            // SAFETY: the agent's own scratch; nothing of value lies there.
-            unsafe { libc::madvise(scratch as *mut _, SCRATCH, libc::MADV_DONTNEED) };
-            continue;
-        }
-        let moved = if r == 0 {
-            n
-        } else {
-            (m[4] as i64).max(0) as usize / PAGE * PAGE
-        };
-        // SAFETY: the scratch is the agent's own; what lies there now are
-        // the supervisor's stored pages, to be dropped.
-        if moved > 0 && unsafe { libc::madvise(scratch as *mut _, moved, libc::MADV_DONTNEED) } != 0
-        {
-            // The next move would find pages there; stop moving (nothing is
-            // lost: the supervisor drops in place what did not move).
-            say(&["cannot empty the scratch; pages are dropped in place from now on"]);
-            SCRATCH_UFFD.store(-1, Ordering::Release);
-            close(fd);
-        }
-        done += moved;
-        if r != 0 || SCRATCH_UFFD.load(Ordering::Acquire) < 0 {
-            break;
+        let r = uffd_ioctl(UFFDIO_MOVE, &mut m);
+        match r {
+            // EEXIST comes only with nothing moved: something read the
+            // scratch and the kernel put zero pages there. Empty it all,
+            // once, and try again.
+            Err(libc::EEXIST) if !emptied => {
+                *scratch = empty_scratch();
+                emptied = true;
+                continue;
+            }
+            Ok(()) => {
+                *scratch = Scratch::Filled(at + len);
+                return (len as u64, 0);
+            }
+            Err(e) => {
+                let moved = (m[4] as i64).max(0) as usize / PAGE * PAGE;
+                *scratch = Scratch::Filled(at + moved);
+                return (moved as u64, e);
+            }
         }
     }
-    done as u64
 }
 
 fn start(name: &[u8]) -> Result<(), &'static str> {
@@ -417,7 +463,6 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
     // The stack, then the scratch (see the module docs).
     let stack = map(STACK + SCRATCH, libc::MAP_STACK);
     let unmap_stack = || {
-        close(SCRATCH_UFFD.swap(-1, Ordering::AcqRel));
         // SAFETY: our own mapping, never handed out.
         unsafe { libc::munmap(stack, STACK + SCRATCH) };
     };
@@ -433,7 +478,13 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
             return Err(e);
         }
     };
-    let scratch = open_scratch(stack as usize + STACK);
+    // A forked child gets the scratch empty, not copies of what lies there.
+    // SAFETY: advice on the agent's own mapping.
+    unsafe {
+        let scratch = (stack as usize + STACK) as *mut libc::c_void;
+        libc::madvise(scratch, SCRATCH, libc::MADV_NOHUGEPAGE);
+        libc::madvise(scratch, SCRATCH, libc::MADV_WIPEONFORK);
+    }
     let hello = Hello {
         // SAFETY: getpid has no preconditions.
         pid: unsafe { libc::getpid() },
@@ -442,7 +493,6 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
         own_end: (stack as usize + STACK + SCRATCH) as u64,
         beacon: beacon as u64,
         forked: false,
-        moves: scratch >= 0,
     };
     let sent = send_packet(sock, &hello.encode(), uffd.unwrap_or(-1));
     let verdict = if sent {
@@ -546,6 +596,7 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
         }
     }
     let sock = SOCKET.load(Ordering::Acquire);
+    let mut scratch = Scratch::Unready;
     loop {
         match next_request(sock) {
             Ok(Request::Drop { seq, start, len }) => {
@@ -564,20 +615,13 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
                 }
             }
             Ok(Request::Discard { seq, start, len }) => {
-                let answer = Dropped {
-                    seq,
-                    errno: 0,
-                    moved: move_out(start as usize, len as usize),
-                };
+                let (moved, errno) = move_out(&mut scratch, start as usize, len as usize);
+                let answer = Dropped { seq, errno, moved };
                 if !answer_with(sock, &answer) {
                     return quit_quietly();
                 }
             }
             Ok(Request::Release) => {
-                let scratch = SCRATCH_UFFD.swap(-1, Ordering::AcqRel);
-                if scratch >= 0 && inode(scratch) == SCRATCH_INODE.load(Ordering::Acquire) {
-                    close(scratch);
-                }
                 close(UFFD.swap(-1, Ordering::AcqRel));
                 close(SOCKET.swap(-1, Ordering::AcqRel));
                 return std::ptr::null_mut();
@@ -642,12 +686,6 @@ extern "C" fn forked_child() {
     if parent_uffd >= 0 && inode(parent_uffd) == UFFD_INODE.load(Ordering::Acquire) {
         close(parent_uffd);
     }
-    // The child's copy of the scratch is no longer registered (that
-    // descriptor asked for no fork events): its agent thread makes its own.
-    let parent_scratch = SCRATCH_UFFD.swap(-1, Ordering::AcqRel);
-    if parent_scratch >= 0 && inode(parent_scratch) == SCRATCH_INODE.load(Ordering::Acquire) {
-        close(parent_scratch);
-    }
     if !MANAGED.load(Ordering::Acquire) {
         return;
     }
@@ -670,17 +708,11 @@ extern "C" fn forked_child() {
 /// success the connection and the child's own descriptor are the agent's.
 fn ask_adoption() -> Result<(), &'static str> {
     let (name, len) = NAME.get().ok_or("no supervisor name")?;
-    let stack = STACK_BASE.load(Ordering::Acquire);
-    let scratch = open_scratch(stack + STACK);
-    let adopted = adopt(&name[..*len], stack, scratch >= 0);
-    if adopted.is_err() {
-        close(SCRATCH_UFFD.swap(-1, Ordering::AcqRel));
-    }
-    adopted
+    adopt(&name[..*len], STACK_BASE.load(Ordering::Acquire))
 }
 
 /// Connects, says hello as a forked child, and takes the verdict.
-fn adopt(name: &[u8], stack: usize, moves: bool) -> Result<(), &'static str> {
+fn adopt(name: &[u8], stack: usize) -> Result<(), &'static str> {
     let sock = connect(name)?;
     let hello = Hello {
         // SAFETY: getpid has no preconditions.
@@ -690,7 +722,6 @@ fn adopt(name: &[u8], stack: usize, moves: bool) -> Result<(), &'static str> {
         own_end: (stack + STACK + SCRATCH) as u64,
         beacon: BEACON.load(Ordering::Acquire) as u64,
         forked: true,
-        moves,
     };
     let verdict = if send_packet(sock, &hello.encode(), -1) {
         recv_packet_fd(sock)

@@ -15,7 +15,7 @@
 //!                                               fork event)
 //!        <------- Verdict {Managed | Unmanaged | Exit}
 //!   (agent thread, if Managed)
-//!        <------- Discard {seq, start, len}   (moves, if the agent can)
+//!        <------- Discard {seq, start, len}   (moves, where the kernel can)
 //!   Dropped {seq, errno, moved} ----------->
 //!        <------- Drop {seq, start, len}      (MADV_DONTNEED in place)
 //!   Dropped {seq, errno, moved: 0} -------->
@@ -43,7 +43,7 @@ pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
 
 /// Marks a Hello, and the protocol's version.
-pub const MAGIC: u64 = 0x7573_7761_7003;
+pub const MAGIC: u64 = 0x7573_7761_7004;
 
 /// The agent's first message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,9 +63,6 @@ pub struct Hello {
     pub beacon: u64,
     /// Sent from a forked child (no descriptor comes with it).
     pub forked: bool,
-    /// The agent has a scratch to move pages into: [`Request::Discard`]
-    /// can move them.
-    pub moves: bool,
 }
 
 /// What the supervisor decided about a program image.
@@ -93,13 +90,16 @@ pub enum Request {
     },
     /// The supervisor lets go of the program: the agent ends quietly.
     Release,
-    /// Moves the pages of `start..start + len` out (UFFDIO_MOVE, a
-    /// scratch's worth at a time) into the agent's scratch, registered with
-    /// a descriptor of the agent's that reports no events, and drops them
-    /// there: unlike a drop in place, this raises no REMOVE event on the
-    /// program's userfaultfd. Answered with a [`Dropped`] that says how
-    /// many bytes from `start` went; the supervisor drops the rest in
-    /// place.
+    /// Moves the pages of `start..start + len` (at most a scratch's worth,
+    /// 2 MiB) out with UFFDIO_MOVE, through the program's userfaultfd, into
+    /// the agent's scratch (registered with that descriptor for
+    /// write-protect faults only), which the agent empties when it is full:
+    /// unlike a drop in place, this raises no REMOVE event. Answered with a
+    /// [`Dropped`] that says how many bytes from `start` went, and the
+    /// errno that stopped the move: EAGAIN (an event is unread) or ENOENT
+    /// (the range is no longer wholly registered) before anything moved,
+    /// and the supervisor settles the events and asks again; any other,
+    /// and it drops the rest in place.
     Discard {
         /// Echoed in the answer.
         seq: u64,
@@ -115,7 +115,8 @@ pub enum Request {
 pub struct Dropped {
     /// The request's.
     pub seq: u64,
-    /// 0, or madvise's errno (a drop in place).
+    /// 0, or the errno of madvise (a drop in place) or of the move (a
+    /// discard: see [`Request::Discard`]).
     pub errno: i32,
     /// Bytes from the start moved out (a discard).
     pub moved: u64,
@@ -154,7 +155,7 @@ impl Hello {
             self.own_start,
             self.own_end,
             self.beacon,
-            self.forked as u64 | (self.moves as u64) << 1,
+            self.forked as u64,
         ])
     }
 
@@ -168,7 +169,6 @@ impl Hello {
             own_end: w[3],
             beacon: w[4],
             forked: w[5] & 1 != 0,
-            moves: w[5] & 2 != 0,
         })
     }
 }
@@ -261,14 +261,9 @@ mod tests {
             own_end: 0x7f00_0024_0000,
             beacon: 0x7f00_0030_0000,
             forked: true,
-            moves: false,
         };
         assert_eq!(Hello::decode(&h.encode()), Some(h));
-        let h = Hello {
-            forked: false,
-            moves: true,
-            ..h
-        };
+        let h = Hello { forked: false, ..h };
         assert_eq!(Hello::decode(&h.encode()), Some(h));
         for v in [Verdict::Managed, Verdict::Unmanaged, Verdict::Exit] {
             assert_eq!(Verdict::decode(&v.encode()), Some(v));

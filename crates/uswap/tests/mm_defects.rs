@@ -1326,3 +1326,71 @@ fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
         assert_eq!(child, want, "the child's moved page");
     });
 }
+
+/// A program thread unmaps memory that the reclaimer has stored and checked
+/// (under the settled gate, about to move its pages out), and another maps
+/// new memory at the same address and writes it, all before the unmap's
+/// event can be read. The move then took the new memory's pages: they read
+/// as zeros. The move is now made through the program's own userfaultfd,
+/// which refuses it (EAGAIN) while an event of the program is unread, so
+/// the reclaimer lets the event in and finds the range gone.
+#[test]
+fn a_move_never_takes_memory_mapped_where_unmapped_memory_was() {
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: FOLIO,
+            discard_by_move: true,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let len = 4 * FOLIO;
+        let region = rt.map(len).unwrap();
+        let base = region.as_ptr() as usize;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, expect(base, base + i * 8));
+        }
+        rt.hold_next_move();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_move_held(), "no flush reached its move");
+        // One thread unmaps the region: its munmap waits until the event
+        // thread reads the event, which the held flush keeps it from.
+        let unmapper = std::thread::spawn(move || {
+            // SAFETY: the test's own region, which nothing touches any more.
+            unsafe { libc::munmap(base as *mut _, len) }
+        });
+        // Another maps plain memory where it was, as soon as it is gone.
+        let mut plain = libc::MAP_FAILED;
+        assert!(eventually(|| {
+            // SAFETY: a new private mapping, only where nothing is mapped.
+            plain = unsafe {
+                libc::mmap(
+                    base as *mut _,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            plain as usize == base
+        }));
+        // SAFETY: the plain mapping just made.
+        unsafe { std::ptr::write_bytes(base as *mut u8, 0xCD, len) };
+        rt.release_move();
+        assert_eq!(unmapper.join().unwrap(), 0);
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the plain mapping made above.
+        let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+        let lost = bytes.iter().filter(|&&b| b != 0xCD).count();
+        let stats = rt.stats();
+        // SAFETY: the plain mapping is ours.
+        unsafe { libc::munmap(base as *mut _, len) };
+        assert_eq!(
+            lost, 0,
+            "{lost} bytes of memory mapped where the region was changed ({stats:?})"
+        );
+        drop(region);
+    });
+}

@@ -6,7 +6,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
-use uswap::mm::memory::{DropError, DropPages};
+use uswap::mm::memory::{Discarded, DropError, DropPages};
 use uswap_protocol::{wire, Dropped, Hello, Request, Verdict, PACKET};
 
 /// One connected agent.
@@ -16,8 +16,6 @@ pub struct AgentLink {
     pid: libc::pid_t,
     /// The last request's number; held for a whole request and answer.
     seq: Mutex<u64>,
-    /// The agent can move pages out to its scratch.
-    moves: bool,
 }
 
 fn send(sock: RawFd, packet: &[u8; PACKET]) -> io::Result<()> {
@@ -66,7 +64,6 @@ impl AgentLink {
                 sock,
                 pid: hello.pid,
                 seq: Mutex::new(0),
-                moves: hello.moves,
             },
             Greeting { hello, uffd },
         ))
@@ -102,18 +99,24 @@ impl DropPages for AgentLink {
         }
     }
 
-    fn move_out(&self, start: usize, len: usize) -> usize {
-        if !self.moves {
-            return 0;
-        }
+    fn move_out(&self, start: usize, len: usize) -> Discarded {
         // A link that broke moved nothing more; the drop in place that
         // follows finds out what became of the process.
-        self.ask(|seq| Request::Discard {
+        let Ok(answer) = self.ask(|seq| Request::Discard {
             seq,
             start: start as u64,
             len: len as u64,
-        })
-        .map_or(0, |answer| (answer.moved as usize).min(len))
+        }) else {
+            return Discarded {
+                bytes: 0,
+                again: false,
+            };
+        };
+        let bytes = (answer.moved as usize).min(len);
+        Discarded {
+            bytes,
+            again: bytes == 0 && matches!(answer.errno, libc::EAGAIN | libc::ENOENT),
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use uswap::mm::memory::{DropError, DropPages};
+use uswap::mm::memory::{Discarded, DropError, DropPages};
 use uswap::mm::{Attached, Runtime};
 use uswap_protocol::{Verdict, SOCKET_ENV};
 
@@ -104,7 +104,7 @@ impl DropPages for Dropper {
         self.0.drop_pages(start, len)
     }
 
-    fn move_out(&self, start: usize, len: usize) -> usize {
+    fn move_out(&self, start: usize, len: usize) -> Discarded {
         self.0.move_out(start, len)
     }
 }

@@ -55,7 +55,7 @@ impl Runtime {
             uffd.register(page, PAGE_SIZE)
                 .map_err(|e| io::Error::other(format!("registering the beacon page: {e}")))?;
         }
-        let memory = Memory::remote(pid, dropper, shared.config.discard_by_move)?;
+        let memory = Memory::remote(pid, dropper, shared.config.discard_by_move && uffd.moves())?;
         let space = Arc::new(Space::new(
             shared.next_space_id(),
             uffd,
@@ -107,7 +107,11 @@ impl Runtime {
         let space = shared
             .space(id)
             .ok_or_else(|| io::Error::other(format!("process {pid} is gone")))?;
-        let memory = Memory::remote(pid, dropper, shared.config.discard_by_move)?;
+        let memory = Memory::remote(
+            pid,
+            dropper,
+            shared.config.discard_by_move && space.uffd.moves(),
+        )?;
         // SAFETY: the descriptor lives as long as the space, held here.
         before(unsafe { std::os::fd::BorrowedFd::borrow_raw(space.uffd.raw_fd()) })?;
         // Under the gate's write side: no folio of the space is published

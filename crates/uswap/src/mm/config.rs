@@ -60,7 +60,7 @@ pub struct RuntimeConfig {
     /// (UFFDIO_MOVE, where the kernel has it) rather than dropping them in
     /// place: no event, so none to tell from the program's (see
     /// `mm/scratch.rs`); other processes' pages are moved by their agent,
-    /// into a scratch of its own.
+    /// into a scratch in that process.
     pub discard_by_move: bool,
     /// How the store keeps a folio's pages: one object per page, or the
     /// folio as one object (see `zswap::Layout`).

@@ -434,6 +434,12 @@ impl EventThread<'_> {
             }
         }
         let placeholder = std::fs::File::open("/dev/null").expect("opening /dev/null");
+        if let Some(scratch) = own.memory.get().and_then(|m| m.scratch()) {
+            assert!(
+                scratch.let_go(placeholder.as_raw_fd()),
+                "letting go of the scratch's registration"
+            );
+        }
         for space in self.shared.spaces.read().expect("spaces lock").iter() {
             space
                 .uffd

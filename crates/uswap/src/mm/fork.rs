@@ -120,7 +120,11 @@ extern "C" fn child() {
         // No runtime thread exists here to hold the lock for writing.
         if let (true, Ok(spaces)) = (null >= 0, shared.spaces.try_read()) {
             for space in spaces.iter() {
-                let scratch = space.memory.get().and_then(|m| m.scratch_uffd());
+                let scratch = space
+                    .memory
+                    .get()
+                    .and_then(|m| m.scratch())
+                    .map(|s| s.uffd());
                 let kept_space = space.uffd.let_go(null).is_err();
                 let kept_scratch = scratch.is_some_and(|uffd| uffd.let_go(null).is_err());
                 if kept_space || kept_scratch {

@@ -17,6 +17,7 @@
 //! agent inside the program carries the drops out.
 
 use super::scratch::Scratch;
+pub use super::scratch::{Discarded, SCRATCH_LEN};
 use crate::page::PAGE_SIZE;
 use std::fs::File;
 use std::io;
@@ -50,10 +51,12 @@ pub trait DropPages: Send + Sync {
     /// Drops `start..start + len` (page aligned) in place (MADV_DONTNEED).
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError>;
 
-    /// Moves the stored pages of `start..start + len` out of the process
-    /// without an event and drops them (see `mm/scratch.rs`); returns how
-    /// many bytes from `start` went that way (0 where pages cannot move).
-    fn move_out(&self, start: usize, len: usize) -> usize;
+    /// Moves the stored pages of `start..start + len` (at most
+    /// [`SCRATCH_LEN`]) out of the process without an event (see
+    /// `mm/scratch.rs`): how many bytes from `start` went that way (0 where
+    /// pages cannot move), or that an event of the process is unread or the
+    /// range no longer registered, so that nothing moved.
+    fn move_out(&self, start: usize, len: usize) -> Discarded;
 }
 
 /// The memory of an address space the runtime evicts from.
@@ -122,9 +125,10 @@ impl Memory {
         Ok(n as usize)
     }
 
-    /// Discards stored pages of `start..start + len` without raising an
-    /// event (see [`super::scratch`]); returns how many bytes from `start`
-    /// are gone that way. The caller drops the rest with
+    /// Discards stored pages of `start..start + len` (at most
+    /// [`SCRATCH_LEN`]) without raising an event (see [`super::scratch`]):
+    /// how many bytes from `start` are gone that way, or that the move
+    /// waits for events to be read. The caller drops the rest with
     /// [`Memory::drop_pages`].
     ///
     /// The caller holds the settled event gate (`settled`), under which
@@ -133,18 +137,22 @@ impl Memory {
     /// moved by its agent thread, which may be slow to answer or never do
     /// (a stopped program): the gate is let go first, as for a drop in
     /// place, lest the event thread stop reading every process's events
-    /// meanwhile.
+    /// meanwhile; the agent checks again, just before its move, that no
+    /// event is unread and the range is still registered.
     pub fn discard_quietly(
         &self,
         start: usize,
         len: usize,
         settled: std::sync::RwLockReadGuard<'_, ()>,
-    ) -> usize {
+    ) -> Discarded {
         match self {
             Memory::Own {
                 scratch: Some(scratch),
             } => scratch.discard(start, len),
-            Memory::Own { scratch: None } | Memory::Remote { moves: false, .. } => 0,
+            Memory::Own { scratch: None } | Memory::Remote { moves: false, .. } => Discarded {
+                bytes: 0,
+                again: false,
+            },
             Memory::Remote { dropper, .. } => {
                 drop(settled);
                 dropper.move_out(start, len)
@@ -152,13 +160,13 @@ impl Memory {
         }
     }
 
-    /// The descriptor of the scratch, if any (a forked child lets go of its
-    /// copy).
-    pub fn scratch_uffd(&self) -> Option<&super::uffd::Uffd> {
+    /// The scratch, if any (a forked child lets go of its descriptor; the
+    /// runtime's end, of its registration).
+    pub fn scratch(&self) -> Option<&Scratch> {
         match self {
             Memory::Own {
                 scratch: Some(scratch),
-            } => Some(scratch.uffd()),
+            } => Some(scratch),
             _ => None,
         }
     }

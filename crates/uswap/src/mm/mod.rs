@@ -159,6 +159,11 @@ pub(crate) struct Shared {
     /// folios, while armed (see [`Runtime::hold_next_finish`]).
     #[cfg(feature = "fault-injection")]
     pub finish_hold: Hold,
+    /// Tests: a flush stops under the settled gate, just before it moves a
+    /// run of stored pages out, while armed (see
+    /// [`Runtime::hold_next_move`]).
+    #[cfg(feature = "fault-injection")]
+    pub move_hold: Hold,
     /// Tests: the event thread stops before reading an own drop's event
     /// while armed (see [`Runtime::hold_events_at_next_drop`]).
     #[cfg(feature = "fault-injection")]
@@ -309,6 +314,11 @@ impl Runtime {
         let uffd = Uffd::open(Features {
             fork: config.serve_forks,
         })?;
+        let scratch = if config.discard_by_move {
+            Scratch::new(&uffd)
+        } else {
+            None
+        };
         let shared = Arc::new(Shared {
             store,
             gate: RwLock::new(()),
@@ -316,9 +326,7 @@ impl Runtime {
                 0,
                 uffd,
                 Owner::Runtime,
-                Some(Memory::Own {
-                    scratch: config.discard_by_move.then(Scratch::new).flatten(),
-                }),
+                Some(Memory::Own { scratch }),
                 None,
             ))]),
             next_space: AtomicU32::new(1),
@@ -336,6 +344,8 @@ impl Runtime {
             discard_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             finish_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            move_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             event_hold: Hold::new(),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -578,6 +588,28 @@ impl Runtime {
     #[cfg(feature = "fault-injection")]
     pub fn release_finish(&self) {
         self.shared.finish_hold.release();
+    }
+
+    /// Tests: the next flush stops just before it moves a run of stored
+    /// pages out, under the settled gate (no event is read meanwhile), until
+    /// [`Runtime::release_move`]; so a test can change the address space
+    /// in that window as another thread of a program would.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_move(&self) {
+        self.shared.move_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until a flush is held before its
+    /// move; false if none was.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_move_held(&self) -> bool {
+        self.shared.move_hold.wait_held()
+    }
+
+    /// Tests: lets the flush held before its move go on.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_move(&self) {
+        self.shared.move_hold.release();
     }
 
     /// Tests: once the reclaimer's next drop in place has raised its event,

@@ -33,7 +33,7 @@
 
 use super::events::{self, Outcome};
 use super::folio::{self, ACTIVE, CLEAN, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
-use super::memory::{DropError, Memory};
+use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN};
 use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
@@ -357,16 +357,24 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     #[cfg(feature = "fault-injection")]
     shared.discard_hold.stop_if_armed(|| true);
 
-    // Drop the stored folios, a run of adjacent ones at a time: moved out
-    // without an event where that works (`mm/scratch.rs`), the rest in
-    // place. The event thread attributes the REMOVE events a drop in place
-    // raises to the reclaimer.
+    // Drop the stored folios, a run of adjacent ones at a time (at most a
+    // scratch's worth): moved out without an event where that works
+    // (`mm/scratch.rs`), the rest in place. The event thread attributes the
+    // REMOVE events a drop in place raises to the reclaimer.
     // Runs (first, count) whose drop the kernel refused because their
     // memory is locked; empty, and not allocated, in the usual case.
     let mut locked: Vec<(usize, usize)> = Vec::new();
-    for run in runs(plug, |k| results[k].is_ok()) {
+    let discard_runs = runs(plug, |k| results[k].is_ok())
+        .into_iter()
+        .flat_map(|(first, count)| {
+            let most = (SCRATCH_LEN / plug[first].region.folio_size).max(1);
+            (0..count)
+                .step_by(most)
+                .map(move |k| (first + k, most.min(count - k)))
+        });
+    'runs: for run in discard_runs {
         let (start, len) = run_range(plug, run);
-        let gone = {
+        let gone = loop {
             // Under the settled gate every event up to now is applied and no
             // other is meanwhile: a move of the region since the flush began
             // (the write protection and copy-out may have acted on what it
@@ -375,9 +383,10 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // discarding whatever lies there now.
             // A move out raises no event, so it is made under the gate too
             // (another process's, by its agent, once the gate is released:
-            // see `Memory::discard_quietly`); a drop in place must wait for
-            // its event to be read, so it follows once the gate is released
-            // (a window left open).
+            // see `Memory::discard_quietly`); it is refused while an event
+            // is unread, and tried again once the events are in. A drop in
+            // place must wait for its event to be read, so it follows once
+            // the gate is released (a window left open).
             let (settled, registered) = settled_gate(shared, space, start, len);
             let (first, count) = run;
             // Part of the range no longer registered: unmapped, and perhaps
@@ -396,9 +405,20 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                         *r = Err(StoreError::Io);
                     }
                 }
-                continue;
+                continue 'runs;
             }
-            memory.discard_quietly(start, len, settled)
+            #[cfg(feature = "fault-injection")]
+            {
+                shared.move_hold.stop_if_armed(|| true);
+                shared.move_hold.over();
+            }
+            match memory.discard_quietly(start, len, settled) {
+                Discarded {
+                    bytes: 0,
+                    again: true,
+                } => std::thread::yield_now(),
+                Discarded { bytes, .. } => break bytes,
+            }
         };
         shared
             .counters

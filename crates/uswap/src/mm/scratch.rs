@@ -7,13 +7,15 @@
 //! own MADV_DONTNEED of the same range at the same moment looks the same,
 //! and can only be told apart by its range (`Shared::is_own_drop`). So the
 //! reclaimer moves the pages instead (UFFDIO_MOVE, Linux 6.8) into a mapping
-//! of its own, registered with a second descriptor that reports no events,
-//! and drops them there:
+//! of its own, and drops them there later, a scratch's worth at a time:
 //!
 //! ```text
-//!   program's folio  --UFFDIO_MOVE (no copy)-->  scratch  --MADV_DONTNEED
-//!   (registered with the         pages leave at once;      (its descriptor
-//!    program's descriptor)       holes are skipped          has no events)
+//!   program's folio  --UFFDIO_MOVE (no copy)-->  scratch [ moved | empty ]
+//!   (registered for missing     through the program's     registered for
+//!    and write-protect faults)  own descriptor            write-protect faults
+//!                                                          only, same descriptor
+//!   scratch full: unregister it, MADV_DONTNEED (no event: not registered),
+//!                 register it again
 //! ```
 //!
 //! Every REMOVE event the program's descriptor raises is then the
@@ -23,9 +25,19 @@
 //! third thread keeps the other CPU busy (a move flushes the TLB page by
 //! page).
 //!
+//! Why the program's own descriptor, and not one of the scratch's own: a
+//! move through it is refused (EAGAIN) while an event of the program is
+//! unread. The reclaimer moves under the settled gate, where no event is
+//! read; so an unmap the program makes meanwhile (which waits, unread)
+//! stops the move, where a descriptor without events would let it take the
+//! pages of whatever another thread of the program has mapped at that
+//! address since. The kernel checks this together with the move, under the
+//! same locks: nothing can slip in between.
+//!
 //! Another process's pages (`uswap run`) are moved the same way by its
-//! agent thread, into a scratch the agent maps and registers in that
-//! process (`uswap-agent`; `DropPages::move_out`).
+//! agent thread (UFFDIO_MOVE works only inside the caller's own address
+//! space), into a scratch the agent maps and registers in that process
+//! (`uswap-agent`; `DropPages::move_out`).
 //!
 //! Only pages this address space maps alone can move: one a forked child
 //! still shares, KSM merged or something pinned answers EBUSY, and a
@@ -36,28 +48,55 @@
 
 use super::uffd::{Partial, Uffd, UffdError};
 use crate::page::PAGE_SIZE;
+use std::sync::Mutex;
 
-/// The scratch mapping's size: one 2 MiB folio, or a plug of smaller ones,
-/// per move.
-const SCRATCH_LEN: usize = 2 << 20;
+/// The scratch mapping's size: the most one move takes (the reclaimer
+/// moves at most this much at a time, in whole folios).
+pub const SCRATCH_LEN: usize = 2 << 20;
 
-/// A mapping the reclaimer moves stored pages into, and the descriptor it is
-/// registered with.
+/// A mapping the reclaimer moves stored pages into.
 pub(crate) struct Scratch {
-    /// Registered for write-protect faults only (see
+    /// A copy of the program's descriptor (the runtime's own), which the
+    /// scratch is registered with for write-protect faults only (see
     /// [`Uffd::register_for_moves`]): the program may read the scratch (a
     /// debugger, or `mlockall`, which populates every mapping) and then
     /// finds zeros, where a registration for missing pages would hold it
-    /// for ever on a descriptor nobody reads.
+    /// until the event thread served it.
     uffd: Uffd,
     base: usize,
+    state: Mutex<State>,
+}
+
+/// Where a scratch stands.
+struct State {
+    /// Bytes from the base that hold moved pages (copies already stored);
+    /// `None` once the scratch could not be made ready again, or was let
+    /// go, after which nothing moves.
+    filled: Option<usize>,
+    /// Registered with the descriptor (until let go).
+    registered: bool,
+}
+
+/// What a discard did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discarded {
+    /// Bytes from the start that are gone (moved out).
+    pub bytes: usize,
+    /// The move was refused because an event of the address space is
+    /// unread (or the range is no longer registered): nothing moved; settle
+    /// the events, check the range again, and ask again.
+    pub again: bool,
 }
 
 impl Scratch {
-    /// A scratch mapping, or `None` where the kernel cannot move pages
-    /// (before Linux 6.8) or refuses a second descriptor.
-    pub fn new() -> Option<Scratch> {
-        let uffd = Uffd::open_for_moves().ok()?;
+    /// A scratch mapping registered with `uffd` (the runtime's own
+    /// descriptor), or `None` where the kernel cannot move pages (before
+    /// Linux 6.8).
+    pub fn new(uffd: &Uffd) -> Option<Scratch> {
+        if !uffd.moves() {
+            return None;
+        }
+        let uffd = uffd.try_clone().ok()?;
         // SAFETY: a fresh private anonymous mapping; nothing else refers to
         // it.
         let base = unsafe {
@@ -73,13 +112,22 @@ impl Scratch {
         if base == libc::MAP_FAILED {
             return None;
         }
+        // Pages come in one by one; a huge page would only have to be split.
+        // A forked child gets the scratch empty, not a copy of what lies
+        // there. Advice only: the scratch works without.
+        // SAFETY: advice on our own mapping.
+        unsafe {
+            libc::madvise(base, SCRATCH_LEN, libc::MADV_NOHUGEPAGE);
+            libc::madvise(base, SCRATCH_LEN, libc::MADV_WIPEONFORK);
+        }
         let scratch = Scratch {
             uffd,
             base: base as usize,
+            state: Mutex::new(State {
+                filled: Some(0),
+                registered: true,
+            }),
         };
-        // Pages come in one by one; a huge page would only have to be split.
-        // SAFETY: advice on our own mapping.
-        unsafe { libc::madvise(base, SCRATCH_LEN, libc::MADV_NOHUGEPAGE) };
         scratch
             .uffd
             .register_for_moves(scratch.base, SCRATCH_LEN)
@@ -93,66 +141,114 @@ impl Scratch {
     }
 
     /// Moves the pages of `start..start + len` (stored, owned by the
-    /// caller) out of the program's memory and drops them. Returns how many
-    /// bytes from `start` are gone that way; the caller drops the rest in
-    /// place.
-    pub fn discard(&self, start: usize, len: usize) -> usize {
-        let mut done = 0;
+    /// caller, at most [`SCRATCH_LEN`]) out of the program's memory. The
+    /// caller holds the settled gate. Returns how many bytes from `start`
+    /// are gone that way (the caller drops the rest in place), or that the
+    /// move must wait for the events.
+    pub fn discard(&self, start: usize, len: usize) -> Discarded {
+        debug_assert!(len <= SCRATCH_LEN);
+        let mut state = self.state.lock().expect("scratch lock");
+        let filled = &mut state.filled;
         let mut emptied = false;
-        while done < len {
-            let n = (len - done).min(SCRATCH_LEN);
-            let result = self.uffd.move_pages(self.base, start + done, n);
-            if let Err(Partial {
-                filled: 0,
-                error: UffdError::Exists,
-            }) = result
-            {
-                // Something read the scratch and the kernel put zero pages
-                // there: empty it all, once, and try again.
-                if !emptied {
+        loop {
+            let Some(at) = *filled else {
+                return Discarded {
+                    bytes: 0,
+                    again: false,
+                };
+            };
+            if at + len > SCRATCH_LEN {
+                *filled = self.empty();
+                emptied = true;
+                continue;
+            }
+            let result = self.uffd.move_pages(self.base + at, start, len);
+            let (moved, again) = match result {
+                Ok(()) => (len, false),
+                Err(Partial {
+                    filled: 0,
+                    error: UffdError::Again | UffdError::NoMapping,
+                }) => (0, true),
+                Err(Partial {
+                    filled: 0,
+                    error: UffdError::Exists,
+                }) if !emptied => {
+                    // Something read the scratch and the kernel put zero
+                    // pages there: empty it all, once, and try again.
+                    *filled = self.empty();
                     emptied = true;
-                    self.clear(SCRATCH_LEN);
                     continue;
                 }
-            }
-            let moved = match &result {
-                Ok(()) => n,
-                Err(Partial { filled, .. }) => *filled / PAGE_SIZE * PAGE_SIZE,
-            };
-            if moved > 0 {
-                self.clear(moved);
-            }
-            done += moved;
-            if result.is_err() {
-                // Not movable, or not there: the caller's drop in place
+                // Not movable (or not all of it): the caller's drop in place
                 // deals with the rest, as it always did.
-                break;
-            }
+                Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false),
+            };
+            // The next move goes after what this one left.
+            *filled = Some(at + moved);
+            return Discarded {
+                bytes: moved,
+                again,
+            };
         }
-        done
     }
 
-    /// Drops what the last move put in the first `len` bytes, so that the
-    /// next move finds the scratch empty.
-    fn clear(&self, len: usize) {
+    /// Drops what the moves left in the scratch. Unregistered while it
+    /// drops, so that the drop raises no event; registered again after.
+    /// Returns the bytes filled from then on: 0, or `None` if the scratch
+    /// cannot be used any more.
+    fn empty(&self) -> Option<usize> {
+        let unregistered = self.uffd.unregister(self.base, SCRATCH_LEN);
         // SAFETY: our own mapping; its pages are copies already stored.
-        let r = unsafe { libc::madvise(self.base as *mut _, len, libc::MADV_DONTNEED) };
-        // On our own private mapping this fails only on a bug; the next move
-        // would then find pages there (EEXIST) and the caller would drop in
-        // place, so nothing is lost, but it must not pass unseen.
-        assert_eq!(
-            r,
-            0,
-            "dropping the scratch: {}",
+        let dropped = unregistered.is_ok()
+            && unsafe { libc::madvise(self.base as *mut _, SCRATCH_LEN, libc::MADV_DONTNEED) } == 0;
+        let registered = dropped && self.uffd.register_for_moves(self.base, SCRATCH_LEN).is_ok();
+        if registered {
+            return Some(0);
+        }
+        // Nothing is lost (the caller drops in place from now on), but it
+        // must not pass unseen.
+        eprintln!(
+            "uswap: the scratch could not be emptied ({}); stored pages are dropped in place from now on",
             std::io::Error::last_os_error()
         );
+        None
+    }
+}
+
+impl Scratch {
+    /// Unregisters the scratch and lets go of its descriptor (see
+    /// [`Uffd::let_go`]), as the runtime ends: a registration left behind
+    /// would keep the userfaultfd alive with nobody reading it, and the
+    /// program's next fork or munmap of the scratch would wait for ever
+    /// for its event to be read. Returns whether all of it went.
+    pub fn let_go(&self, placeholder: i32) -> bool {
+        let mut state = self.state.lock().expect("scratch lock");
+        state.filled = None;
+        state.registered &= !self.unregister();
+        self.uffd.let_go(placeholder).is_ok() && !state.registered
+    }
+
+    /// Unregisters the scratch; false (said) if it stays registered.
+    fn unregister(&self) -> bool {
+        match self.uffd.unregister(self.base, SCRATCH_LEN) {
+            Ok(()) | Err(UffdError::ProcessGone) => true,
+            Err(e) => {
+                eprintln!("uswap: unregistering the scratch: {e}");
+                false
+            }
+        }
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        // SAFETY: our own mapping, which nothing refers to any more; its
-        // registration goes with it.
+        // Unregistered first: unmapping registered memory would raise an
+        // event and wait for a reader that may be gone.
+        let registered = self.state.get_mut().map_or(true, |s| s.registered);
+        if registered && !self.unregister() {
+            return;
+        }
+        // SAFETY: our own mapping, which nothing refers to any more.
         unsafe { libc::munmap(self.base as *mut _, SCRATCH_LEN) };
     }
 }

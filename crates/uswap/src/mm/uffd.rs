@@ -290,6 +290,8 @@ fn create() -> io::Result<OwnedFd> {
 /// A userfaultfd descriptor with the features the runtime relies on.
 pub struct Uffd {
     fd: OwnedFd,
+    /// UFFDIO_MOVE was negotiated (Linux 6.8).
+    moves: bool,
 }
 
 impl fmt::Debug for Uffd {
@@ -314,28 +316,11 @@ impl Uffd {
         Uffd::adopt(create()?, features)
     }
 
-    /// Opens a descriptor for moving pages (UFFDIO_MOVE, Linux 6.8) into
-    /// memory registered with it, with write-protect faults (so that its
-    /// mappings have the protection of those registered by
-    /// [`Uffd::open`], which a move requires) and no events at all: a
-    /// drop in its memory blocks on nothing and tells nobody.
-    pub fn open_for_moves() -> io::Result<Uffd> {
-        let uffd = Uffd { fd: create()? };
-        let mut api = UffdioApi {
-            api: UFFD_API,
-            features: FEATURE_MOVE | FEATURE_PAGEFAULT_FLAG_WP,
-            ioctls: 0,
-        };
-        uffd.ioctl(UFFDIO_API, &mut api)
-            .map_err(|e| io::Error::other(format!("UFFDIO_API with moves: {e}")))?;
-        Ok(uffd)
-    }
-
     /// Takes a userfaultfd another process created (and sent over a unix
-    /// socket) and negotiates the same features as [`Uffd::open`]. Its
-    /// ioctls act on that process.
+    /// socket) and negotiates the same features as [`Uffd::open`], with
+    /// moves (UFFDIO_MOVE) where the kernel has them. Its ioctls act on that
+    /// process.
     pub fn adopt(fd: OwnedFd, features: Features) -> io::Result<Uffd> {
-        let uffd = Uffd { fd };
         let mut wanted = FEATURE_PAGEFAULT_FLAG_WP
             | FEATURE_EVENT_REMAP
             | FEATURE_EVENT_REMOVE
@@ -345,22 +330,46 @@ impl Uffd {
         if features.fork {
             wanted |= FEATURE_EVENT_FORK;
         }
-        let mut api = UffdioApi {
-            api: UFFD_API,
-            features: wanted,
-            ioctls: 0,
-        };
-        uffd.ioctl(UFFDIO_API, &mut api).map_err(|e| {
-            let hint = if features.fork {
-                " (fork events need CAP_SYS_PTRACE)"
-            } else {
-                ""
+        let uffd = Uffd { fd, moves: true };
+        // A kernel without moves refuses the whole request (EINVAL) and
+        // takes none of it: ask again without.
+        for moves in [true, false] {
+            let mut api = UffdioApi {
+                api: UFFD_API,
+                features: wanted | if moves { FEATURE_MOVE } else { 0 },
+                ioctls: 0,
             };
-            io::Error::other(format!(
-                "UFFDIO_API with write-protect and events{hint}: {e}"
-            ))
-        })?;
-        Ok(uffd)
+            match uffd.ioctl(UFFDIO_API, &mut api) {
+                Ok(()) => return Ok(Uffd { moves, ..uffd }),
+                Err(UffdError::Os(e)) if moves && e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => {
+                    let hint = if features.fork {
+                        " (fork events need CAP_SYS_PTRACE)"
+                    } else {
+                        ""
+                    };
+                    return Err(io::Error::other(format!(
+                        "UFFDIO_API with write-protect and events{hint}: {e}"
+                    )));
+                }
+            }
+        }
+        unreachable!("the request without moves either succeeds or fails")
+    }
+
+    /// Whether pages can be moved into memory registered with this
+    /// descriptor (UFFDIO_MOVE).
+    pub fn moves(&self) -> bool {
+        self.moves
+    }
+
+    /// A second descriptor for the same userfaultfd (dup): it acts on the
+    /// same registrations and events.
+    pub fn try_clone(&self) -> io::Result<Uffd> {
+        Ok(Uffd {
+            fd: self.fd.try_clone()?,
+            moves: self.moves,
+        })
     }
 
     fn ioctl<T>(&self, request: u64, arg: &mut T) -> Result<(), UffdError> {
@@ -407,7 +416,7 @@ impl Uffd {
 
     /// Registers a range for write-protect faults only: enough to move
     /// pages into it (UFFDIO_MOVE asks only that the destination be
-    /// registered with the descriptor), while a read of a missing page
+    /// registered with the descriptor it is made through), while a read of a missing page
     /// there gets a zero page from the kernel instead of waiting on a
     /// descriptor nobody reads.
     pub fn register_for_moves(&self, start: usize, len: usize) -> Result<(), UffdError> {
@@ -538,10 +547,12 @@ impl Uffd {
                     tid: arg[2] as u32,
                 },
                 EVENT_FORK => Event::Fork {
-                    // SAFETY: the kernel installed this descriptor in our
-                    // table for this message; nothing else owns it.
+                    // A child's descriptor shares its parent's features.
                     child: Uffd {
+                        // SAFETY: the kernel installed this descriptor in
+                        // our table for this message; nothing else owns it.
                         fd: unsafe { OwnedFd::from_raw_fd(arg[0] as u32 as i32) },
+                        moves: self.moves,
                     },
                 },
                 EVENT_REMAP => Event::Remap {
