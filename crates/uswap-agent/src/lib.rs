@@ -355,11 +355,22 @@ fn uffd_ioctl<const N: usize>(request: libc::c_ulong, arg: &mut [u64; N]) -> Res
 /// a read of the scratch (mlockall populates every mapping; a debugger)
 /// gets zero pages, where missing-page faults would wait for the
 /// supervisor.
+///
+/// Unlocked first: a program that called mlockall locked the scratch with
+/// everything else, and a move between locked and unlocked memory is
+/// refused, as is a drop of locked memory. (The program's locked memory
+/// stays where it is: it is never evicted.)
 fn empty_scratch() -> Scratch {
     let base = scratch_base() as u64;
     let mut range = [base, SCRATCH as u64];
     let mut register = [base, SCRATCH as u64, REGISTER_MODE_WP, 0];
-    let done = uffd_ioctl(UFFDIO_UNREGISTER, &mut range)
+    // SAFETY: the agent's own scratch.
+    let unlocked = match unsafe { libc::munlock(base as *const _, SCRATCH) } {
+        0 => Ok(()),
+        _ => Err(errno()),
+    };
+    let done = unlocked
+        .and_then(|()| uffd_ioctl(UFFDIO_UNREGISTER, &mut range))
         .and_then(|()| {
             // SAFETY: the agent's own scratch; what lies there are copies
             // the supervisor has stored.
@@ -428,9 +439,17 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
         let r = uffd_ioctl(UFFDIO_MOVE, &mut m);
         match r {
             // EEXIST comes only with nothing moved: something read the
-            // scratch and the kernel put zero pages there. Empty it all,
-            // once, and try again.
+            // scratch and the kernel put zero pages there. EINVAL with
+            // nothing moved: the program locked its memory (mlockall) since
+            // the scratch was last emptied, or the range is of other
+            // protection. Empty it all (which unlocks it), once, and try
+            // again.
             Err(libc::EEXIST) if !emptied => {
+                *scratch = empty_scratch();
+                emptied = true;
+                continue;
+            }
+            Err(libc::EINVAL) if !emptied && m[4] as i64 <= 0 => {
                 *scratch = empty_scratch();
                 emptied = true;
                 continue;

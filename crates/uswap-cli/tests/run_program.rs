@@ -157,6 +157,15 @@ fn a_program_that_locks_its_memory_runs_to_the_end() {
             c["eviction_drop_failed"] <= c["unevictable_folios"],
             "{c:?}"
         );
+        // Memory mapped after mlockall(MCL_CURRENT) is not locked: it
+        // leaves by a move, although the agent's scratch was locked with
+        // everything else.
+        assert!(c["discarded_by_move"] > 0, "{c:?}");
+        assert!(
+            !text(&out.stderr).contains("scratch"),
+            "{}",
+            text(&out.stderr)
+        );
     }
 }
 

@@ -171,10 +171,13 @@ impl Scratch {
                 }) => (0, true),
                 Err(Partial {
                     filled: 0,
-                    error: UffdError::Exists,
+                    error: UffdError::Exists | UffdError::Os(_),
                 }) if !emptied => {
-                    // Something read the scratch and the kernel put zero
-                    // pages there: empty it all, once, and try again.
+                    // EEXIST: something read the scratch and the kernel put
+                    // zero pages there. EINVAL: the program locked its
+                    // memory (mlockall) since the scratch was last emptied,
+                    // or the range is of other protection. Empty it all
+                    // (which unlocks it), once, and try again.
                     *filled = self.empty();
                     emptied = true;
                     continue;
@@ -194,12 +197,17 @@ impl Scratch {
 
     /// Drops what the moves left in the scratch. Unregistered while it
     /// drops, so that the drop raises no event; registered again after.
-    /// Returns the bytes filled from then on: 0, or `None` if the scratch
-    /// cannot be used any more.
+    /// Unlocked first: a program that called mlockall locked the scratch
+    /// with everything else, and a move between locked and unlocked memory
+    /// is refused, as is a drop of locked memory (the program's locked
+    /// memory is never evicted). Returns the bytes filled from then on: 0,
+    /// or `None` if the scratch cannot be used any more.
     fn empty(&self) -> Option<usize> {
-        let unregistered = self.uffd.unregister(self.base, SCRATCH_LEN);
+        // SAFETY: our own mapping.
+        let unlocked = unsafe { libc::munlock(self.base as *const _, SCRATCH_LEN) } == 0;
+        let unregistered = unlocked && self.uffd.unregister(self.base, SCRATCH_LEN).is_ok();
         // SAFETY: our own mapping; its pages are copies already stored.
-        let dropped = unregistered.is_ok()
+        let dropped = unregistered
             && unsafe { libc::madvise(self.base as *mut _, SCRATCH_LEN, libc::MADV_DONTNEED) } == 0;
         let registered = dropped && self.uffd.register_for_moves(self.base, SCRATCH_LEN).is_ok();
         if registered {
