@@ -1394,3 +1394,39 @@ fn a_move_never_takes_memory_mapped_where_unmapped_memory_was() {
         drop(region);
     });
 }
+
+/// A model soak hung: the program unmapped the first page of a folio while
+/// the folio was being evicted, and the reclaimer's move of the run starting
+/// there was refused (ENOENT: nothing mapped at its start) every time,
+/// while the write-protect probe, which passes over holes, kept saying the
+/// range was fine: the reclaimer tried again for ever, and the folios'
+/// faults waited on it. A hole is part of the settled layout: the rest of
+/// the run is dropped in place.
+#[test]
+fn a_hole_at_the_start_of_an_evicting_run_does_not_hold_reclaim() {
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: FOLIO,
+            discard_by_move: true,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let len = 4 * FOLIO;
+        let region = rt.map(len).unwrap();
+        let base = region.as_ptr() as usize;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, expect(base, base + i * 8));
+        }
+        rt.hold_next_discard();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_discard_held(), "no flush reached its discard");
+        // SAFETY: the first page of the test's own region, which nothing
+        // touches any more.
+        assert_eq!(unsafe { libc::munmap(base as *mut _, PAGE) }, 0);
+        rt.release_discard();
+        rt.set_memory_high(16 * MIB);
+        check_range(base, base + PAGE, base + len, "the rest of the region");
+    });
+}

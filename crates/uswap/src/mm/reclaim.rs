@@ -374,6 +374,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         });
     'runs: for run in discard_runs {
         let (start, len) = run_range(plug, run);
+        // A move refused for an event that came in (or, in another
+        // process, a range that changed) is tried again once the events
+        // are in, a few times; then the rest is dropped in place, as a move
+        // that fails for any other reason is.
+        let mut tries = 0;
         let gone = loop {
             // Under the settled gate every event up to now is applied and no
             // other is meanwhile: a move of the region since the flush began
@@ -416,7 +421,10 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 Discarded {
                     bytes: 0,
                     again: true,
-                } => std::thread::yield_now(),
+                } if tries < MOVE_TRIES => {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
                 Discarded { bytes, .. } => break bytes,
             }
         };
@@ -656,6 +664,10 @@ fn finish_folio(
     }
     stored.is_some()
 }
+
+/// How many times one run's move is tried while it is refused for events
+/// that came in (see `flush`).
+const MOVE_TRIES: u32 = 8;
 
 /// Takes the event gate's read side at a moment when no event of the
 /// address space is pending: every move, unmap and drop that has happened is

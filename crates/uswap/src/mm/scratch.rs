@@ -83,8 +83,9 @@ pub struct Discarded {
     /// Bytes from the start that are gone (moved out).
     pub bytes: usize,
     /// The move was refused because an event of the address space is
-    /// unread (or the range is no longer registered): nothing moved; settle
-    /// the events, check the range again, and ask again.
+    /// unread (or, for another process, the range changed since it was
+    /// checked): nothing moved; settle the events, check the range again,
+    /// and ask again.
     pub again: bool,
 }
 
@@ -165,9 +166,10 @@ impl Scratch {
             let result = self.uffd.move_pages(self.base + at, start, len);
             let (moved, again) = match result {
                 Ok(()) => (len, false),
+                // An event came in since the settled probe.
                 Err(Partial {
                     filled: 0,
-                    error: UffdError::Again | UffdError::NoMapping,
+                    error: UffdError::Again,
                 }) => (0, true),
                 Err(Partial {
                     filled: 0,
@@ -182,8 +184,11 @@ impl Scratch {
                     emptied = true;
                     continue;
                 }
-                // Not movable (or not all of it): the caller's drop in place
-                // deals with the rest, as it always did.
+                // Not movable (or not all of it), or not mapped (ENOENT: a
+                // hole the program unmapped, already in the bookkeeping
+                // under the settled gate; the write-protect probe passes
+                // over holes): the caller's drop in place deals with the
+                // rest, as it always did.
                 Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false),
             };
             // The next move goes after what this one left.
