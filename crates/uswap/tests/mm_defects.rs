@@ -597,6 +597,59 @@ fn fork_at_start_child() {
     }
 }
 
+/// Found in review: a runtime registered its scratch (where stored pages
+/// are moved out) as it started, before its event thread existed; another
+/// thread of the program that forked in that window waited in the kernel
+/// for the fork event to be read, holding glibc's malloc locks, while the
+/// starting runtime waited for those locks. The scratch is registered at
+/// the first discard now. (Run in a child process: a process stuck that
+/// way cannot even exit.)
+#[test]
+fn a_fork_while_a_runtime_starts_does_not_hang() {
+    if is_child_process() {
+        return fork_while_starting_child();
+    }
+    let (code, signal) = in_child_process(
+        "a_fork_while_a_runtime_starts_does_not_hang",
+        Duration::from_secs(120),
+    );
+    assert_eq!((code, signal), (Some(0), None));
+}
+
+fn fork_while_starting_child() {
+    let started = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let forker = {
+        let (started, done) = (started.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut forks = 0;
+            while !done.load(Ordering::Acquire) || forks == 0 {
+                started.store(true, Ordering::Release);
+                // SAFETY: the child leaves at once with _exit.
+                let pid = unsafe { libc::fork() };
+                assert!(pid >= 0);
+                if pid == 0 {
+                    // SAFETY: ends the child without running anything.
+                    unsafe { libc::_exit(0) };
+                }
+                let mut status = 0;
+                // SAFETY: reaps our own child.
+                assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+                forks += 1;
+            }
+        })
+    };
+    while !started.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    for _ in 0..100 {
+        drop(runtime(MIB, FOLIO, 8, false));
+    }
+    done.store(true, Ordering::Release);
+    forker.join().unwrap();
+    std::process::exit(0);
+}
+
 /// Found by the model test: a page dropped (MADV_DONTNEED) inside a swapped
 /// folio, then moved away with part of the folio (mremap), came back with
 /// its old bytes where it went instead of zeros. A hole moves as a hole.
@@ -1428,5 +1481,60 @@ fn a_hole_at_the_start_of_an_evicting_run_does_not_hold_reclaim() {
         rt.release_discard();
         rt.set_memory_high(16 * MIB);
         check_range(base, base + PAGE, base + len, "the rest of the region");
+    });
+}
+
+/// Found in review: the program unmaps a folio in the middle of a run being
+/// evicted and manages new memory at the same address (registered like the
+/// rest) before the discard. The settled probe passes over it (it is
+/// registered) and the region has not moved, so the move took the new
+/// memory's pages. An unmap (or move) recorded for a folio of the run now
+/// voids the run's copies.
+#[test]
+fn a_move_never_takes_memory_registered_where_part_of_the_run_was_unmapped() {
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: FOLIO,
+            discard_by_move: true,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let len = 4 * FOLIO;
+        let region = rt.map(len).unwrap();
+        let base = region.as_ptr() as usize;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, expect(base, base + i * 8));
+        }
+        rt.hold_next_discard();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_discard_held(), "no flush reached its discard");
+        let hole = base + FOLIO;
+        // SAFETY: unmapping a folio of the test's own region, which nothing
+        // touches any more, and mapping new memory of our own there.
+        let fresh = unsafe {
+            assert_eq!(libc::munmap(hole as *mut _, FOLIO), 0);
+            let at = libc::mmap(
+                hole as *mut _,
+                FOLIO,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            );
+            assert_eq!(at as usize, hole);
+            std::ptr::write_bytes(hole as *mut u8, 0xCD, FOLIO);
+            rt.manage(hole as *mut u8, FOLIO).unwrap()
+        };
+        rt.release_discard();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the new mapping, managed above.
+        let bytes = unsafe { std::slice::from_raw_parts(hole as *const u8, FOLIO) };
+        let lost = bytes.iter().filter(|&&b| b != 0xCD).count();
+        assert_eq!(lost, 0, "{lost} bytes of the new memory changed");
+        check_range(base, base, hole, "the folio before the hole");
+        check_range(base, hole + FOLIO, base + len, "the folios after the hole");
+        drop(fresh);
     });
 }

@@ -364,6 +364,9 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // Runs (first, count) whose drop the kernel refused because their
     // memory is locked; empty, and not allocated, in the usual case.
     let mut locked: Vec<(usize, usize)> = Vec::new();
+    // Folios some of whose pages left by a move: their copy is kept even if
+    // the drop of the rest fails (see `finish_folio`).
+    let mut moved_out = vec![false; plug.len()];
     let discard_runs = runs(plug, |k| results[k].is_ok())
         .into_iter()
         .flat_map(|(first, count)| {
@@ -374,10 +377,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         });
     'runs: for run in discard_runs {
         let (start, len) = run_range(plug, run);
-        // A move refused for an event that came in (or, in another
-        // process, a range that changed) is tried again once the events
-        // are in, a few times; then the rest is dropped in place, as a move
-        // that fails for any other reason is.
+        // A move refused for an event that came in (or for a range that
+        // changed: nothing mapped at its start) is tried again once the
+        // events are in, a few times; then the copies are void and the
+        // folios stay (nothing has left memory), where a drop in place
+        // could take memory the program has mapped there since.
         let mut tries = 0;
         let gone = loop {
             // Under the settled gate every event up to now is applied and no
@@ -396,20 +400,30 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             let (first, count) = run;
             // Part of the range no longer registered: unmapped, and perhaps
             // mapped anew by the program (whose pages a discard would take).
+            // So is memory the program unmapped, or moved, from a folio of
+            // the run (the probe passes over holes, and over memory
+            // registered since at the same address).
             let moved_away = !registered
-                || plug[first..first + count]
-                    .iter()
-                    .any(|v| v.region.moves.load(Ordering::Acquire) != v.moves);
+                || plug[first..first + count].iter().any(|v| {
+                    let word = v.region.folios[v.folio].load();
+                    let extras = space.extras_of(&v.region, v.folio, word);
+                    v.region.moves.load(Ordering::Acquire) != v.moves
+                        || !extras.unmapped.is_empty()
+                        || !extras.moved.is_empty()
+                });
             // A write let in by a protection lifted meanwhile would be lost
             // with the discard: the copies are void then too.
             let written = !shared.unprotects.none_since(mark, space.id, start, len);
-            if moved_away || written {
+            let void = |results: &mut Vec<Result<SlotRange, StoreError>>| {
                 for r in &mut results[first..first + count] {
                     if let Ok(range) = *r {
                         shared.store.invalidate(range);
                         *r = Err(StoreError::Io);
                     }
                 }
+            };
+            if moved_away || written {
+                void(&mut results);
                 continue 'runs;
             }
             #[cfg(feature = "fault-injection")]
@@ -421,13 +435,21 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 Discarded {
                     bytes: 0,
                     again: true,
-                } if tries < MOVE_TRIES => {
+                } => {
+                    if tries == MOVE_TRIES {
+                        void(&mut results);
+                        continue 'runs;
+                    }
                     tries += 1;
                     std::thread::yield_now();
                 }
                 Discarded { bytes, .. } => break bytes,
             }
         };
+        let (first, count) = run;
+        for (k, v) in plug[first..first + count].iter().enumerate() {
+            moved_out[first + k] = v.addr < start + gone;
+        }
         shared
             .counters
             .discarded_by_move
@@ -485,7 +507,12 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         )
     });
     let mut progress = false;
-    for (k, ((v, result), was_protected)) in plug.drain(..).zip(results).zip(protected).enumerate()
+    for (k, (((v, result), was_protected), moved_out)) in plug
+        .drain(..)
+        .zip(results)
+        .zip(protected)
+        .zip(moved_out)
+        .enumerate()
     {
         let in_locked_run = locked
             .iter()
@@ -498,6 +525,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             result,
             was_protected,
             in_locked_run,
+            moved_out,
         );
         if gone && v.clean.is_some() {
             shared
@@ -528,6 +556,7 @@ fn finish_folio(
     result: Result<SlotRange, StoreError>,
     was_protected: bool,
     locked: bool,
+    moved_out: bool,
 ) -> bool {
     let f = &region.folios[i];
     let fs = region.folio_size;
@@ -554,15 +583,24 @@ fn finish_folio(
     // it: a move of the region in between (the madvise waits for its event
     // with the address space unlocked) makes it miss, and the folio's pages
     // are then still in memory where the region is now. The stored copy is
-    // then void, and the folio stays resident.
+    // then void, and the folio stays resident. Unless some of its pages left
+    // by a move before the drop of the rest failed (a page a forked child
+    // shares stopped the move; the program locked the memory meanwhile; its
+    // agent went away): the copy is all there is of those, and the folio is
+    // brought back from it (pages still in place are left as they are).
+    let mut partly_moved = false;
     if let Some(range) = stored {
         let memory = space
             .memory
             .get()
             .expect("an evicted space reaches its memory");
         if memory.present_pages(region.folio_addr(i), fs) > 0 {
-            shared.store.invalidate(range);
-            stored = None;
+            if moved_out {
+                partly_moved = true;
+            } else {
+                shared.store.invalidate(range);
+                stored = None;
+            }
         }
     }
     let outcome = match stored {
@@ -583,7 +621,10 @@ fn finish_folio(
                 .counters
                 .evicted_folios
                 .fetch_add(1, Ordering::Relaxed);
-            if extras.holes().covers(pages) && extras.moved.is_empty() {
+            if partly_moved {
+                f.set(folio::with_slot(LOADING, range.first) | (f.load() & folio::EXTRA));
+                bring_back = true;
+            } else if extras.holes().covers(pages) && extras.moved.is_empty() {
                 space.take_extras(region, i);
                 f.set(if extras.unmapped.covers(pages) {
                     GONE

@@ -73,7 +73,9 @@ struct State {
     /// `None` once the scratch could not be made ready again, or was let
     /// go, after which nothing moves.
     filled: Option<usize>,
-    /// Registered with the descriptor (until let go).
+    /// Registered with the descriptor: from the first discard (not when
+    /// the runtime starts, when no event thread would read the fork event
+    /// a registered mapping raises) until let go.
     registered: bool,
 }
 
@@ -90,9 +92,9 @@ pub struct Discarded {
 }
 
 impl Scratch {
-    /// A scratch mapping registered with `uffd` (the runtime's own
-    /// descriptor), or `None` where the kernel cannot move pages (before
-    /// Linux 6.8).
+    /// A scratch mapping to be registered with `uffd` (the runtime's own
+    /// descriptor) at the first discard, or `None` where the kernel cannot
+    /// move pages (before Linux 6.8).
     pub fn new(uffd: &Uffd) -> Option<Scratch> {
         if !uffd.moves() {
             return None;
@@ -121,19 +123,15 @@ impl Scratch {
             libc::madvise(base, SCRATCH_LEN, libc::MADV_NOHUGEPAGE);
             libc::madvise(base, SCRATCH_LEN, libc::MADV_WIPEONFORK);
         }
-        let scratch = Scratch {
+        Some(Scratch {
             uffd,
             base: base as usize,
+            // Full: the first discard empties it, which registers it.
             state: Mutex::new(State {
-                filled: Some(0),
-                registered: true,
+                filled: Some(SCRATCH_LEN),
+                registered: false,
             }),
-        };
-        scratch
-            .uffd
-            .register_for_moves(scratch.base, SCRATCH_LEN)
-            .ok()?;
-        Some(scratch)
+        })
     }
 
     /// The descriptor, so that a forked child can let go of its copy.
@@ -149,27 +147,30 @@ impl Scratch {
     pub fn discard(&self, start: usize, len: usize) -> Discarded {
         debug_assert!(len <= SCRATCH_LEN);
         let mut state = self.state.lock().expect("scratch lock");
-        let filled = &mut state.filled;
         let mut emptied = false;
         loop {
-            let Some(at) = *filled else {
+            let Some(at) = state.filled else {
                 return Discarded {
                     bytes: 0,
                     again: false,
                 };
             };
             if at + len > SCRATCH_LEN {
-                *filled = self.empty();
+                self.empty(&mut state);
                 emptied = true;
                 continue;
             }
             let result = self.uffd.move_pages(self.base + at, start, len);
             let (moved, again) = match result {
                 Ok(()) => (len, false),
-                // An event came in since the settled probe.
+                // An event came in since the settled probe, or nothing is
+                // mapped at the start: a hole the program unmapped (the
+                // probe passes over holes), perhaps with its event still
+                // unread (the kernel looks the mappings up before it looks
+                // for unread events).
                 Err(Partial {
                     filled: 0,
-                    error: UffdError::Again,
+                    error: UffdError::Again | UffdError::NoMapping,
                 }) => (0, true),
                 Err(Partial {
                     filled: 0,
@@ -180,19 +181,16 @@ impl Scratch {
                     // memory (mlockall) since the scratch was last emptied,
                     // or the range is of other protection. Empty it all
                     // (which unlocks it), once, and try again.
-                    *filled = self.empty();
+                    self.empty(&mut state);
                     emptied = true;
                     continue;
                 }
-                // Not movable (or not all of it), or not mapped (ENOENT: a
-                // hole the program unmapped, already in the bookkeeping
-                // under the settled gate; the write-protect probe passes
-                // over holes): the caller's drop in place deals with the
-                // rest, as it always did.
+                // Not movable (or not all of it): the caller's drop in place
+                // deals with the rest, as it always did.
                 Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false),
             };
             // The next move goes after what this one left.
-            *filled = Some(at + moved);
+            state.filled = Some(at + moved);
             return Discarded {
                 bytes: moved,
                 again,
@@ -205,26 +203,27 @@ impl Scratch {
     /// Unlocked first: a program that called mlockall locked the scratch
     /// with everything else, and a move between locked and unlocked memory
     /// is refused, as is a drop of locked memory (the program's locked
-    /// memory is never evicted). Returns the bytes filled from then on: 0,
-    /// or `None` if the scratch cannot be used any more.
-    fn empty(&self) -> Option<usize> {
+    /// memory is never evicted). Leaves it empty and registered, or (said)
+    /// out of use.
+    fn empty(&self, state: &mut State) {
         // SAFETY: our own mapping.
         let unlocked = unsafe { libc::munlock(self.base as *const _, SCRATCH_LEN) } == 0;
         let unregistered = unlocked && self.uffd.unregister(self.base, SCRATCH_LEN).is_ok();
         // SAFETY: our own mapping; its pages are copies already stored.
         let dropped = unregistered
             && unsafe { libc::madvise(self.base as *mut _, SCRATCH_LEN, libc::MADV_DONTNEED) } == 0;
-        let registered = dropped && self.uffd.register_for_moves(self.base, SCRATCH_LEN).is_ok();
-        if registered {
-            return Some(0);
+        state.registered = dropped && self.uffd.register_for_moves(self.base, SCRATCH_LEN).is_ok();
+        if state.registered {
+            state.filled = Some(0);
+            return;
         }
+        state.filled = None;
         // Nothing is lost (the caller drops in place from now on), but it
         // must not pass unseen.
         eprintln!(
             "uswap: the scratch could not be emptied ({}); stored pages are dropped in place from now on",
             std::io::Error::last_os_error()
         );
-        None
     }
 }
 
