@@ -212,6 +212,11 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         };
         let i = i as usize;
         let f = &region.folios[i];
+        // Under the gate: the event thread applies what the program did
+        // (an unmap makes a resident folio GONE) by reading the word and
+        // setting a new one, which must not land on a folio taken for
+        // eviction in between.
+        let _gate = shared.read_gate();
         let w = f.load();
         let state = folio::state(w);
         if state != RESIDENT && state != CLEAN {
@@ -364,9 +369,6 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // Runs (first, count) whose drop the kernel refused because their
     // memory is locked; empty, and not allocated, in the usual case.
     let mut locked: Vec<(usize, usize)> = Vec::new();
-    // Folios some of whose pages left by a move: their copy is kept even if
-    // the drop of the rest fails (see `finish_folio`).
-    let mut moved_out = vec![false; plug.len()];
     let discard_runs = runs(plug, |k| results[k].is_ok())
         .into_iter()
         .flat_map(|(first, count)| {
@@ -446,10 +448,6 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 Discarded { bytes, .. } => break bytes,
             }
         };
-        let (first, count) = run;
-        for (k, v) in plug[first..first + count].iter().enumerate() {
-            moved_out[first + k] = v.addr < start + gone;
-        }
         shared
             .counters
             .discarded_by_move
@@ -507,12 +505,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         )
     });
     let mut progress = false;
-    for (k, (((v, result), was_protected), moved_out)) in plug
-        .drain(..)
-        .zip(results)
-        .zip(protected)
-        .zip(moved_out)
-        .enumerate()
+    for (k, ((v, result), was_protected)) in plug.drain(..).zip(results).zip(protected).enumerate()
     {
         let in_locked_run = locked
             .iter()
@@ -525,7 +518,6 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             result,
             was_protected,
             in_locked_run,
-            moved_out,
         );
         if gone && v.clean.is_some() {
             shared
@@ -556,7 +548,6 @@ fn finish_folio(
     result: Result<SlotRange, StoreError>,
     was_protected: bool,
     locked: bool,
-    moved_out: bool,
 ) -> bool {
     let f = &region.folios[i];
     let fs = region.folio_size;
@@ -583,20 +574,24 @@ fn finish_folio(
     // it: a move of the region in between (the madvise waits for its event
     // with the address space unlocked) makes it miss, and the folio's pages
     // are then still in memory where the region is now. The stored copy is
-    // then void, and the folio stays resident. Unless some of its pages left
-    // by a move before the drop of the rest failed (a page a forked child
-    // shares stopped the move; the program locked the memory meanwhile; its
-    // agent went away): the copy is all there is of those, and the folio is
-    // brought back from it (pages still in place are left as they are).
-    let mut partly_moved = false;
+    // then void, and the folio stays resident. Unless the discard took some
+    // of its pages before it failed (a move stopped by a page a forked
+    // child shares, then a drop of the rest refused; a drop in place that
+    // stopped at a mapping the program locked meanwhile; an agent gone):
+    // the copy is all there is of those, and the folio is brought back from
+    // it (pages still in place are left as they are).
+    let mut partly_lost = false;
     if let Some(range) = stored {
         let memory = space
             .memory
             .get()
             .expect("an evicted space reaches its memory");
-        if memory.present_pages(region.folio_addr(i), fs) > 0 {
-            if moved_out {
-                partly_moved = true;
+        let present = memory.present_pages(region.folio_addr(i), fs);
+        if present > 0 {
+            let holes = extras.holes();
+            let holes = (0..pages).filter(|&p| holes.contains(p)).count();
+            if present + holes < pages {
+                partly_lost = true;
             } else {
                 shared.store.invalidate(range);
                 stored = None;
@@ -621,7 +616,7 @@ fn finish_folio(
                 .counters
                 .evicted_folios
                 .fetch_add(1, Ordering::Relaxed);
-            if partly_moved {
+            if partly_lost {
                 f.set(folio::with_slot(LOADING, range.first) | (f.load() & folio::EXTRA));
                 bring_back = true;
             } else if extras.holes().covers(pages) && extras.moved.is_empty() {
@@ -699,6 +694,15 @@ fn finish_folio(
     }
     if bring_back {
         swapin::swap_in(shared, space, region, i, &mut Worker, false);
+        if partly_lost && was_protected {
+            // The pages that stayed keep the flush's protection otherwise
+            // (the folio was not resident above): lifted, as for a folio
+            // that stays.
+            match write_protect(space, start, fs, false) {
+                Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
+                Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
+            }
+        }
     }
     for fu in follow_ups {
         swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker, false);
