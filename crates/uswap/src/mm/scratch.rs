@@ -209,11 +209,14 @@ impl Scratch {
         // SAFETY: our own mapping.
         let unlocked = unsafe { libc::munlock(self.base as *const _, SCRATCH_LEN) } == 0;
         let unregistered = unlocked && self.uffd.unregister(self.base, SCRATCH_LEN).is_ok();
+        if unregistered {
+            state.registered = false;
+        }
         // SAFETY: our own mapping; its pages are copies already stored.
         let dropped = unregistered
             && unsafe { libc::madvise(self.base as *mut _, SCRATCH_LEN, libc::MADV_DONTNEED) } == 0;
-        state.registered = dropped && self.uffd.register_for_moves(self.base, SCRATCH_LEN).is_ok();
-        if state.registered {
+        if dropped && self.uffd.register_for_moves(self.base, SCRATCH_LEN).is_ok() {
+            state.registered = true;
             state.filled = Some(0);
             return;
         }
