@@ -1390,20 +1390,7 @@ fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
 #[test]
 fn a_move_never_takes_memory_mapped_where_unmapped_memory_was() {
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: 16 * MIB,
-            folio_size: FOLIO,
-            discard_by_move: true,
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        let len = 4 * FOLIO;
-        let region = rt.map(len).unwrap();
-        let base = region.as_ptr() as usize;
-        let words = Words::of(&region);
-        for i in 0..words.count {
-            words.write(i, expect(base, base + i * 8));
-        }
+        let (rt, region, base, len) = four_filled_folios();
         rt.hold_next_move();
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_move_held(), "no flush reached its move");
@@ -1458,20 +1445,7 @@ fn a_move_never_takes_memory_mapped_where_unmapped_memory_was() {
 #[test]
 fn a_hole_at_the_start_of_an_evicting_run_does_not_hold_reclaim() {
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: 16 * MIB,
-            folio_size: FOLIO,
-            discard_by_move: true,
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        let len = 4 * FOLIO;
-        let region = rt.map(len).unwrap();
-        let base = region.as_ptr() as usize;
-        let words = Words::of(&region);
-        for i in 0..words.count {
-            words.write(i, expect(base, base + i * 8));
-        }
+        let (rt, _region, base, len) = four_filled_folios();
         rt.hold_next_discard();
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_discard_held(), "no flush reached its discard");
@@ -1493,20 +1467,7 @@ fn a_hole_at_the_start_of_an_evicting_run_does_not_hold_reclaim() {
 #[test]
 fn a_move_never_takes_memory_registered_where_part_of_the_run_was_unmapped() {
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: 16 * MIB,
-            folio_size: FOLIO,
-            discard_by_move: true,
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        let len = 4 * FOLIO;
-        let region = rt.map(len).unwrap();
-        let base = region.as_ptr() as usize;
-        let words = Words::of(&region);
-        for i in 0..words.count {
-            words.write(i, expect(base, base + i * 8));
-        }
+        let (rt, _region, base, len) = four_filled_folios();
         rt.hold_next_discard();
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_discard_held(), "no flush reached its discard");
@@ -1537,4 +1498,24 @@ fn a_move_never_takes_memory_registered_where_part_of_the_run_was_unmapped() {
         check_range(base, hole + FOLIO, base + len, "the folios after the hole");
         drop(fresh);
     });
+}
+
+/// A runtime (64 KiB folios, discards by move) and a region of four folios
+/// filled with `expect`: the runtime, the region, its base and length.
+fn four_filled_folios() -> (Runtime, uswap::mm::Region, usize, usize) {
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: 16 * MIB,
+        folio_size: FOLIO,
+        discard_by_move: true,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let len = 4 * FOLIO;
+    let region = rt.map(len).unwrap();
+    let base = region.as_ptr() as usize;
+    let words = Words::of(&region);
+    for i in 0..words.count {
+        words.write(i, expect(base, base + i * 8));
+    }
+    (rt, region, base, len)
 }
