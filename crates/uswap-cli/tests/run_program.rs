@@ -498,3 +498,40 @@ fn memory_filled_fast_after_start_is_held_to_the_limit() {
         "peak {peak_kb} KiB while filling 512 MiB under 64 MiB"
     );
 }
+
+/// A program that keeps changing the layout of its memory from several
+/// threads (unmapping blocks and pieces of blocks and mapping new memory at
+/// the same addresses, dropping, write-protecting, forking) while it works
+/// with three times its limit, and checks every byte against its own model
+/// (`programs/churn.c`). It found pages of evicted folios lost when new
+/// memory took the place of a part of the folio (`mm_defects`, "new memory
+/// in a hole"); a few seeds run here, more by hand:
+/// `uswap run --memory-high 16M -- churn THREADS BLOCKS OPS SEED`.
+#[test]
+fn a_program_that_churns_its_memory_layout_reads_back_what_it_wrote() {
+    let exe = build("churn");
+    for seed in ["1", "2", "3"] {
+        let stats = exe.with_extension(format!("stats-{seed}"));
+        let child = Command::new(USWAP)
+            .args(["run", "--memory-high", "16M", "--stats-file"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .args(["3", "64", "3000", seed])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_within(child, Duration::from_secs(120));
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.ends_with("churn ok\n"),
+            "seed {seed}: {:?}: {stdout}{}",
+            out.status,
+            text(&out.stderr)
+        );
+        let c = counters(&stats);
+        assert!(c["evicted_folios"] > 0, "seed {seed}: {c:?}");
+        assert!(c["discarded_by_move"] > 0, "seed {seed}: {c:?}");
+    }
+}

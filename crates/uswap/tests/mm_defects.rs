@@ -1519,3 +1519,48 @@ fn four_filled_folios() -> (Runtime, uswap::mm::Region, usize, usize) {
     }
     (rt, region, base, len)
 }
+
+/// Found by `churn` (tests/programs) under `uswap run`: the program unmaps
+/// part of a folio whose pages the reclaimer has just discarded, and maps
+/// new memory there. The eviction's finish counted the new memory's pages
+/// as the folio's own still in place (the drop had missed, it concluded),
+/// voided the stored copy and left the folio resident: its other pages,
+/// which had left, read as zeros. Pages where the program unmapped (or
+/// moved, or dropped) are not the folio's: they are not counted.
+#[test]
+fn new_memory_in_a_hole_of_an_evicted_folio_is_not_taken_for_its_pages() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_filled_folios();
+        rt.hold_next_finish();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_finish_held(), "no flush reached its finish");
+        // The second half of each folio: whichever the flush took.
+        // SAFETY: parts of the test's own region, which nothing touches any
+        // more, and new memory of our own there.
+        for folio in (base..base + len).step_by(FOLIO) {
+            let half = folio + FOLIO / 2;
+            unsafe {
+                assert_eq!(libc::munmap(half as *mut _, FOLIO / 2), 0);
+                let at = libc::mmap(
+                    half as *mut _,
+                    FOLIO / 2,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                );
+                assert_eq!(at as usize, half);
+                std::ptr::write_bytes(half as *mut u8, 0xCD, FOLIO / 2);
+            }
+        }
+        rt.release_finish();
+        rt.set_memory_high(16 * MIB);
+        for folio in (base..base + len).step_by(FOLIO) {
+            check_range(base, folio, folio + FOLIO / 2, "the first half of a folio");
+            // SAFETY: the new memory mapped above.
+            let new =
+                unsafe { std::slice::from_raw_parts((folio + FOLIO / 2) as *const u8, FOLIO / 2) };
+            assert!(new.iter().all(|&b| b == 0xCD), "the new memory changed");
+        }
+    });
+}

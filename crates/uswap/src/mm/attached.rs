@@ -179,7 +179,7 @@ impl Attached {
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
         let region = Arc::new(RegionInner::new(id, start, len, fs, UNTOUCHED, false));
         for (i, f) in region.folios.iter().enumerate() {
-            if memory.present_pages(start + i * fs, fs) > 0 {
+            if !memory.present_pages(start + i * fs, fs).is_empty() {
                 f.set(RESIDENT);
             }
         }

@@ -18,7 +18,7 @@
 
 use super::scratch::Scratch;
 pub use super::scratch::{Discarded, SCRATCH_LEN};
-use crate::page::PAGE_SIZE;
+use crate::page::{PageMask, PAGE_SIZE};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -189,29 +189,46 @@ impl Memory {
         }
     }
 
-    /// How many pages of `start..start + len` (at most a folio) are in
-    /// memory (or in the kernel's swap); none if the range is not mapped.
-    pub fn present_pages(&self, start: usize, len: usize) -> usize {
+    /// Which pages of `start..start + len` (at most a folio) are in memory
+    /// (or in the kernel's swap); none of those not mapped.
+    pub fn present_pages(&self, start: usize, len: usize) -> PageMask {
+        let pages = len / PAGE_SIZE;
+        let mut present = PageMask::default();
         match self {
             Memory::Own { .. } => {
                 let mut vec = [0u8; crate::page::MAX_FOLIO_PAGES];
-                let pages = len / PAGE_SIZE;
                 // SAFETY: mincore writes one byte per page of the range into
                 // `vec`, which holds a folio's worth; an unmapped range is
                 // an error.
-                if unsafe { libc::mincore(start as *mut _, len, vec.as_mut_ptr()) } != 0 {
-                    return 0;
+                if unsafe { libc::mincore(start as *mut _, len, vec.as_mut_ptr()) } == 0 {
+                    for p in (0..pages).filter(|&p| vec[p] & 1 != 0) {
+                        present.insert_range(p, p + 1);
+                    }
+                    return present;
                 }
-                vec[..pages].iter().filter(|&&b| b & 1 != 0).count()
+                // Part of it is not mapped: page by page.
+                for p in 0..pages {
+                    let mut one = 0u8;
+                    // SAFETY: as above, for one page.
+                    let r = unsafe {
+                        libc::mincore((start + p * PAGE_SIZE) as *mut _, PAGE_SIZE, &mut one)
+                    };
+                    if r == 0 && one & 1 != 0 {
+                        present.insert_range(p, p + 1);
+                    }
+                }
             }
-            Memory::Remote { pagemap, .. } => pagemap_entries(pagemap, start, len)
-                .map(|v| {
-                    v.iter()
-                        .filter(|&&e| e & (PM_PRESENT | PM_SWAPPED) != 0)
-                        .count()
-                })
-                .unwrap_or(0),
+            Memory::Remote { pagemap, .. } => {
+                if let Ok(entries) = pagemap_entries(pagemap, start, len) {
+                    for (p, e) in entries.iter().enumerate() {
+                        if e & (PM_PRESENT | PM_SWAPPED) != 0 {
+                            present.insert_range(p, p + 1);
+                        }
+                    }
+                }
+            }
         }
+        present
     }
 
     /// The mapping (VMA) that holds `addr` now, if any.

@@ -577,9 +577,11 @@ fn finish_folio(
     // then void, and the folio stays resident. Unless the discard took some
     // of its pages before it failed (a move stopped by a page a forked
     // child shares, then a drop of the rest refused; a drop in place that
-    // stopped at a mapping the program locked meanwhile; an agent gone):
-    // the copy is all there is of those, and the folio is brought back from
-    // it (pages still in place are left as they are).
+    // stopped at a mapping locked meanwhile; an agent gone): the copy is all
+    // there is of those, and the folio is brought back from it (pages
+    // still in place are left as they are). Only the folio's own pages
+    // count: where the program unmapped, moved or dropped part of it, what
+    // is there now (new memory it mapped) is not the folio's.
     let mut partly_lost = false;
     if let Some(range) = stored {
         let memory = space
@@ -587,10 +589,18 @@ fn finish_folio(
             .get()
             .expect("an evicted space reaches its memory");
         let present = memory.present_pages(region.folio_addr(i), fs);
-        if present > 0 {
-            let holes = extras.holes();
-            let holes = (0..pages).filter(|&p| holes.contains(p)).count();
-            if present + holes < pages {
+        let holes = extras.holes();
+        let own = |p: &usize| !holes.contains(*p);
+        let stayed = (0..pages)
+            .filter(own)
+            .filter(|&p| present.contains(p))
+            .count();
+        let left = (0..pages)
+            .filter(own)
+            .filter(|&p| !present.contains(p))
+            .count();
+        if stayed > 0 {
+            if left > 0 {
                 partly_lost = true;
             } else {
                 shared.store.invalidate(range);

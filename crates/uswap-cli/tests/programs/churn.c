@@ -1,0 +1,194 @@
+/* A program that keeps changing the layout of its memory from several
+ * threads while it works with more than its limit, and checks every byte
+ * against what it wrote: run under `uswap run`, it must end with
+ * "churn ok".
+ *
+ * Each thread owns blocks of four 64 KiB pieces. At random it checks a
+ * block, rewrites it, unmaps it and maps a new one (the kernel tends to
+ * hand out the same address again, to this thread or another), unmaps one
+ * piece and maps new memory at exactly that address, drops a piece
+ * (MADV_DONTNEED: it must read zeros), makes a piece read-only and checks
+ * it, or forks a child that checks the thread's blocks in its copy. What
+ * it models: each piece's generation (0: zeros).
+ *
+ *   churn [THREADS] [BLOCKS_PER_THREAD] [OPS_PER_THREAD] [SEED]
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PIECE (64UL << 10)
+#define PIECES 4
+#define BLOCK (PIECES * PIECE)
+
+struct block {
+    char *base;                 /* NULL: not mapped */
+    uint64_t gen[PIECES];       /* 0: the piece reads zeros */
+};
+
+struct thread {
+    int id;
+    int blocks;
+    long ops;
+    uint64_t rng;
+    uint64_t next_gen;
+    struct block *b;
+    pthread_t t;
+    int bad;
+};
+
+static uint64_t seed;
+
+static uint64_t next(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    return *s = x;
+}
+
+static uint64_t word(int tid, int blk, int piece, uint64_t gen, size_t i) {
+    uint64_t x = seed ^ ((uint64_t)tid << 48) ^ ((uint64_t)blk << 32) ^ ((uint64_t)piece << 28) ^ gen;
+    x *= 0x9e3779b97f4a7c15ULL;
+    /* Half repeats, half varies: it compresses somewhat, like real data. */
+    return (i & 1) ? x : x + i;
+}
+
+static void fill_piece(struct thread *t, int blk, int piece) {
+    uint64_t *w = (uint64_t *)(t->b[blk].base + piece * PIECE);
+    uint64_t gen = t->b[blk].gen[piece];
+    for (size_t i = 0; i < PIECE / 8; i++) w[i] = word(t->id, blk, piece, gen, i);
+}
+
+/* 0 if the piece holds what the model says. */
+static int check_piece(struct thread *t, int blk, int piece, const char *what) {
+    const uint64_t *w = (const uint64_t *)(t->b[blk].base + piece * PIECE);
+    uint64_t gen = t->b[blk].gen[piece];
+    for (size_t i = 0; i < PIECE / 8; i++) {
+        uint64_t want = gen ? word(t->id, blk, piece, gen, i) : 0;
+        if (w[i] != want) {
+            printf("churn BAD: thread %d block %d piece %d word %zu (%s): %#llx, want %#llx (gen %llu)\n",
+                   t->id, blk, piece, i, what, (unsigned long long)w[i], (unsigned long long)want,
+                   (unsigned long long)gen);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int check_block(struct thread *t, int blk, const char *what) {
+    if (!t->b[blk].base) return 0;
+    for (int p = 0; p < PIECES; p++)
+        if (check_piece(t, blk, p, what)) return 1;
+    return 0;
+}
+
+static void *map_anywhere(size_t len) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) { perror("churn: mmap"); exit(2); }
+    return p;
+}
+
+static void new_block(struct thread *t, int blk) {
+    t->b[blk].base = map_anywhere(BLOCK);
+    for (int p = 0; p < PIECES; p++) {
+        t->b[blk].gen[p] = ++t->next_gen;
+        fill_piece(t, blk, p);
+    }
+}
+
+static void *work(void *arg) {
+    struct thread *t = arg;
+    for (int k = 0; k < t->blocks; k++) new_block(t, k);
+    for (long n = 0; n < t->ops && !t->bad; n++) {
+        int blk = next(&t->rng) % t->blocks;
+        int piece = next(&t->rng) % PIECES;
+        struct block *b = &t->b[blk];
+        char *at = b->base + piece * PIECE;
+        switch (next(&t->rng) % 16) {
+        case 0: case 1: case 2: case 3: case 4:
+            t->bad |= check_block(t, blk, "check");
+            break;
+        case 5: case 6:
+            b->gen[piece] = ++t->next_gen;
+            fill_piece(t, blk, piece);
+            break;
+        case 7: case 8:
+            /* A new block, most likely where an old one was. */
+            t->bad |= check_block(t, blk, "before unmap");
+            munmap(b->base, BLOCK);
+            new_block(t, blk);
+            break;
+        case 9: case 10: {
+            /* New memory at exactly the address of a piece just unmapped. */
+            munmap(at, PIECE);
+            void *p = mmap(at, PIECE, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+            if (p == at) {
+                b->gen[piece] = ++t->next_gen;
+                fill_piece(t, blk, piece);
+                break;
+            }
+            /* Another thread took the address first: the block goes. */
+            if (p != MAP_FAILED) munmap(p, PIECE);
+            for (int q = 0; q < PIECES; q++)
+                if (q != piece) munmap(b->base + q * PIECE, PIECE);
+            new_block(t, blk);
+            break;
+        }
+        case 11:
+            if (madvise(at, PIECE, MADV_DONTNEED)) { perror("churn: madvise"); exit(2); }
+            b->gen[piece] = 0;
+            break;
+        case 12: case 13:
+            if (mprotect(at, PIECE, PROT_READ)) { perror("churn: mprotect"); exit(2); }
+            t->bad |= check_piece(t, blk, piece, "read-only");
+            if (mprotect(at, PIECE, PROT_READ | PROT_WRITE)) { perror("churn: mprotect"); exit(2); }
+            break;
+        case 14: {
+            pid_t pid = fork();
+            if (pid < 0) { perror("churn: fork"); exit(2); }
+            if (pid == 0) {
+                int bad = 0;
+                for (int k = 0; k < t->blocks && !bad; k++) bad |= check_block(t, k, "in a forked child");
+                fflush(stdout);
+                _exit(bad);
+            }
+            int status;
+            if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) t->bad = 1;
+            break;
+        }
+        default:
+            t->bad |= check_piece(t, blk, piece, "check piece");
+            break;
+        }
+    }
+    for (int k = 0; k < t->blocks && !t->bad; k++) t->bad |= check_block(t, k, "at the end");
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int threads = argc > 1 ? atoi(argv[1]) : 3;
+    int blocks = argc > 2 ? atoi(argv[2]) : 32;
+    long ops = argc > 3 ? atol(argv[3]) : 3000;
+    seed = argc > 4 ? strtoull(argv[4], NULL, 0) : 1;
+    struct thread *t = calloc(threads, sizeof *t);
+    for (int i = 0; i < threads; i++) {
+        t[i] = (struct thread){.id = i, .blocks = blocks, .ops = ops,
+                               .rng = seed * 2654435761ULL + i + 1};
+        t[i].b = calloc(blocks, sizeof *t[i].b);
+        pthread_create(&t[i].t, NULL, work, &t[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(t[i].t, NULL);
+        bad |= t[i].bad;
+    }
+    printf(bad ? "churn BAD\n" : "churn ok\n");
+    return bad;
+}
