@@ -1472,22 +1472,9 @@ fn a_move_never_takes_memory_registered_where_part_of_the_run_was_unmapped() {
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_discard_held(), "no flush reached its discard");
         let hole = base + FOLIO;
-        // SAFETY: unmapping a folio of the test's own region, which nothing
-        // touches any more, and mapping new memory of our own there.
-        let fresh = unsafe {
-            assert_eq!(libc::munmap(hole as *mut _, FOLIO), 0);
-            let at = libc::mmap(
-                hole as *mut _,
-                FOLIO,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            );
-            assert_eq!(at as usize, hole);
-            std::ptr::write_bytes(hole as *mut u8, 0xCD, FOLIO);
-            rt.manage(hole as *mut u8, FOLIO).unwrap()
-        };
+        replace_with_new_memory(hole, FOLIO);
+        // SAFETY: the new private anonymous mapping just made, which stays.
+        let fresh = unsafe { rt.manage(hole as *mut u8, FOLIO).unwrap() };
         rt.release_discard();
         rt.set_memory_high(16 * MIB);
         // SAFETY: the new mapping, managed above.
@@ -1535,23 +1522,8 @@ fn new_memory_in_a_hole_of_an_evicted_folio_is_not_taken_for_its_pages() {
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_finish_held(), "no flush reached its finish");
         // The second half of each folio: whichever the flush took.
-        // SAFETY: parts of the test's own region, which nothing touches any
-        // more, and new memory of our own there.
         for folio in (base..base + len).step_by(FOLIO) {
-            let half = folio + FOLIO / 2;
-            unsafe {
-                assert_eq!(libc::munmap(half as *mut _, FOLIO / 2), 0);
-                let at = libc::mmap(
-                    half as *mut _,
-                    FOLIO / 2,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                    -1,
-                    0,
-                );
-                assert_eq!(at as usize, half);
-                std::ptr::write_bytes(half as *mut u8, 0xCD, FOLIO / 2);
-            }
+            replace_with_new_memory(folio + FOLIO / 2, FOLIO / 2);
         }
         rt.release_finish();
         rt.set_memory_high(16 * MIB);
@@ -1563,4 +1535,25 @@ fn new_memory_in_a_hole_of_an_evicted_folio_is_not_taken_for_its_pages() {
             assert!(new.iter().all(|&b| b == 0xCD), "the new memory changed");
         }
     });
+}
+
+/// Unmaps `addr..addr + len` of the test's own region (which nothing
+/// touches any more) and maps new private memory at exactly that address,
+/// filled with 0xCD, as a program reusing the address would.
+fn replace_with_new_memory(addr: usize, len: usize) {
+    // SAFETY: the range is the test's own; the new mapping is made only
+    // where nothing is mapped any more.
+    unsafe {
+        assert_eq!(libc::munmap(addr as *mut _, len), 0);
+        let at = libc::mmap(
+            addr as *mut _,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        assert_eq!(at as usize, addr);
+        std::ptr::write_bytes(addr as *mut u8, 0xCD, len);
+    }
 }
