@@ -1255,20 +1255,7 @@ fn discard_after_a_move_of_the_region(discard_by_move: bool) {
 fn a_drop_in_place_split_by_mprotect_while_it_waits_keeps_every_page() {
     within(Duration::from_secs(60), || {
         const FOLIO_2M: usize = 2 * MIB;
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: 16 * MIB,
-            folio_size: FOLIO_2M,
-            discard_by_move: false,
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        let len = 2 * FOLIO_2M;
-        let region = rt.map(len).unwrap();
-        let base = region.as_ptr() as usize;
-        let words = Words::of(&region);
-        for i in 0..words.count {
-            words.write(i, expect(base, base + i * 8));
-        }
+        let (rt, _region, base, len) = filled_region(FOLIO_2M, 2, false);
         rt.hold_events_at_next_drop();
         rt.set_memory_high(FOLIO_2M);
         assert!(rt.wait_events_held(), "no drop in place raised its event");
@@ -1490,14 +1477,25 @@ fn a_move_never_takes_memory_registered_where_part_of_the_run_was_unmapped() {
 /// A runtime (64 KiB folios, discards by move) and a region of four folios
 /// filled with `expect`: the runtime, the region, its base and length.
 fn four_filled_folios() -> (Runtime, uswap::mm::Region, usize, usize) {
+    filled_region(FOLIO, 4, true)
+}
+
+/// A runtime (16 MiB limit, `folio_size` folios, discards by move or not)
+/// and a region of `folios` folios filled with `expect`: the runtime, the
+/// region, its base and length.
+fn filled_region(
+    folio_size: usize,
+    folios: usize,
+    discard_by_move: bool,
+) -> (Runtime, uswap::mm::Region, usize, usize) {
     let rt = Runtime::new(RuntimeConfig {
         memory_high: 16 * MIB,
-        folio_size: FOLIO,
-        discard_by_move: true,
+        folio_size,
+        discard_by_move,
         ..RuntimeConfig::default()
     })
     .unwrap();
-    let len = 4 * FOLIO;
+    let len = folios * folio_size;
     let region = rt.map(len).unwrap();
     let base = region.as_ptr() as usize;
     let words = Words::of(&region);
