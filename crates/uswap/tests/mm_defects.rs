@@ -1555,3 +1555,42 @@ fn replace_with_new_memory(addr: usize, len: usize) {
         std::ptr::write_bytes(addr as *mut u8, 0xCD, len);
     }
 }
+
+/// Found by the model soak with 2 MiB folios: the program gives up part of
+/// a folio the reclaimer has taken for eviction (MADV_FREE: the pages stay
+/// mapped until the kernel needs them, and a write keeps them), then writes
+/// there again, all before the flush write-protects the folio. The REMOVE
+/// event reads like a MADV_DONTNEED: the pages were recorded as holes, the
+/// stored copy (which holds the new bytes) was installed without them, and
+/// they read as zeros.
+#[test]
+fn a_write_after_madv_free_on_a_folio_taken_for_eviction_is_kept() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_filled_folios();
+        rt.hold_next_flush();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_flush_held(), "no flush was held");
+        // The second half of each folio: whichever the flush took.
+        for folio in (base..base + len).step_by(FOLIO) {
+            let half = folio + FOLIO / 2;
+            // SAFETY: the test's own region; MADV_FREE keeps it mapped.
+            unsafe {
+                assert_eq!(libc::madvise(half as *mut _, FOLIO / 2, libc::MADV_FREE), 0);
+                std::ptr::write_bytes(half as *mut u8, 0xAB, FOLIO / 2);
+            }
+        }
+        rt.release_flush();
+        rt.set_memory_high(16 * MIB);
+        for folio in (base..base + len).step_by(FOLIO) {
+            let half = folio + FOLIO / 2;
+            // SAFETY: as above.
+            let bytes = unsafe { std::slice::from_raw_parts(half as *const u8, FOLIO / 2) };
+            let lost = bytes.iter().filter(|&&b| b != 0xAB).count();
+            assert_eq!(
+                lost, 0,
+                "{lost} bytes written after MADV_FREE at {half:#x} lost"
+            );
+        }
+        assert_eq!(rt.stats().sigbus, 0);
+    });
+}

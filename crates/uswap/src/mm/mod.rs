@@ -151,6 +151,10 @@ pub(crate) struct Shared {
     /// fault that needs room too, so that room the reclaimer frees goes to
     /// the faults that waited first instead of to the next one read.
     pub waiting_for_room: AtomicUsize,
+    /// Tests: a flush stops before it write-protects its folios (taken for
+    /// eviction already) while armed (see [`Runtime::hold_next_flush`]).
+    #[cfg(feature = "fault-injection")]
+    pub flush_hold: Hold,
     /// Tests: a flush stops before its discard while armed (see
     /// [`Runtime::hold_next_discard`]).
     #[cfg(feature = "fault-injection")]
@@ -340,6 +344,8 @@ impl Runtime {
             reclaimed: (Mutex::new(()), Condvar::new()),
             reclaim_stuck: AtomicBool::new(false),
             waiting_for_room: AtomicUsize::new(0),
+            #[cfg(feature = "fault-injection")]
+            flush_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             discard_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
@@ -544,6 +550,30 @@ impl Runtime {
     /// `memory_high`).
     pub fn reclaim_now(&self) {
         self.shared.kick_reclaim();
+    }
+
+    /// Tests: the next flush stops once its folios are taken for eviction
+    /// (EVICTING), before it write-protects and copies them out, until
+    /// [`Runtime::release_flush`]; so a test can act on the folios in that
+    /// window as the program would.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_flush(&self) {
+        self.shared.flush_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until a flush is held before it
+    /// write-protects its folios; false if none was.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_flush_held(&self) -> bool {
+        self.shared.flush_hold.wait_held()
+    }
+
+    /// Tests: lets the held flush go on, and waits (at most ten seconds)
+    /// until it has finished its folios.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_flush(&self) {
+        self.shared.flush_hold.release();
+        self.shared.flush_hold.wait_over();
     }
 
     /// Tests: the next flush stops after its folios are stored and checked,

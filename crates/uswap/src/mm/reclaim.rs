@@ -288,6 +288,8 @@ fn write_protect(space: &Space, start: usize, len: usize, protect: bool) -> Resu
 /// ones from memory, and finishes each. Returns whether the store accepted
 /// anything.
 fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flushed {
+    #[cfg(feature = "fault-injection")]
+    shared.flush_hold.stop_if_armed(|| true);
     let space = plug[0].space.clone();
     let space = &*space;
     let memory = space
@@ -405,13 +407,21 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // So is memory the program unmapped, or moved, from a folio of
             // the run (the probe passes over holes, and over memory
             // registered since at the same address).
-            let moved_away = !registered
+            // A part the program gave up (REMOVE) may be written again: a
+            // MADV_FREE raises the same event as a MADV_DONTNEED but leaves
+            // the pages mapped, and a write before the write protection
+            // keeps them with their new bytes, which the copy holds. Taken
+            // as holes, they would read as zeros; the folio stays instead
+            // (a REMOVE from here on, with the folio protected, has no
+            // write behind it that a hole could lose).
+            let changed = !registered
                 || plug[first..first + count].iter().any(|v| {
                     let word = v.region.folios[v.folio].load();
                     let extras = space.extras_of(&v.region, v.folio, word);
                     v.region.moves.load(Ordering::Acquire) != v.moves
                         || !extras.unmapped.is_empty()
                         || !extras.moved.is_empty()
+                        || !extras.removed.is_empty()
                 });
             // A write let in by a protection lifted meanwhile would be lost
             // with the discard: the copies are void then too.
@@ -424,7 +434,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                     }
                 }
             };
-            if moved_away || written {
+            if changed || written {
                 void(&mut results);
                 continue 'runs;
             }
@@ -527,6 +537,8 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         }
         progress |= gone;
     }
+    #[cfg(feature = "fault-injection")]
+    shared.flush_hold.over();
     if progress {
         Flushed::Progress
     } else if full {
