@@ -579,3 +579,41 @@ fn clean_folios_leave_without_compression_and_keep_their_writes() {
 fn without_clean_copies_every_eviction_stores() {
     clean_case(false);
 }
+
+/// A run of folios that the program split into several mappings (here by
+/// madvise; mprotect and mlock split them too) leaves by moves, one
+/// mapping at a time: the kernel moves only inside one mapping, and a drop
+/// in place instead waits for its event and acts on whatever is mapped
+/// there by then (see `mm/reclaim.rs`).
+#[test]
+fn folios_split_across_mappings_leave_by_moves() {
+    within(Duration::from_secs(60), || {
+        let folio = 64 << 10;
+        let rt = runtime(16 * MIB, folio, 32, false);
+        let region = rt.map(8 * folio).unwrap();
+        let base = region.as_ptr() as usize;
+        // Two mappings boundaries inside folios, both pieces still
+        // read-write.
+        // SAFETY: advice on part of our own region.
+        let r = unsafe {
+            libc::madvise(
+                (base + folio + folio / 2) as *mut _,
+                3 * folio,
+                libc::MADV_DONTFORK,
+            )
+        };
+        assert_eq!(r, 0);
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, i as u64 ^ 0xA5A5);
+        }
+        rt.set_memory_high(folio);
+        assert!(eventually(|| rt.stats().evicted_folios >= 7));
+        let stats = rt.stats();
+        assert_eq!(stats.discarded_in_place, 0, "{stats:?}");
+        assert!(stats.discarded_by_move >= 7 * 16, "{stats:?}");
+        for i in 0..words.count {
+            assert_eq!(words.read(i), i as u64 ^ 0xA5A5, "word {i}");
+        }
+    });
+}

@@ -63,12 +63,16 @@ pub trait DropPages: Send + Sync {
 pub(crate) enum Memory {
     /// The runtime's own process, with the scratch its stored pages are
     /// discarded through where the kernel can move pages.
-    Own { scratch: Option<Scratch> },
+    Own {
+        scratch: Option<Scratch>,
+        maps: Maps,
+    },
     /// Another process.
     Remote {
         pid: libc::pid_t,
         /// `/proc/PID/pagemap`, open.
         pagemap: File,
+        maps: Maps,
         dropper: Box<dyn DropPages>,
         /// Stored pages may leave by a move (`RuntimeConfig::discard_by_move`).
         moves: bool,
@@ -90,9 +94,29 @@ impl Memory {
         Ok(Memory::Remote {
             pid,
             pagemap: File::open(format!("/proc/{pid}/pagemap"))?,
+            maps: Maps::open(pid)?,
             dropper,
             moves,
         })
+    }
+
+    /// The runtime's own memory, discarded through `scratch` where moves
+    /// work.
+    pub fn own(scratch: Option<Scratch>) -> io::Result<Memory> {
+        Ok(Memory::Own {
+            scratch,
+            // SAFETY: getpid has no preconditions.
+            maps: Maps::open(unsafe { libc::getpid() })?,
+        })
+    }
+
+    /// Whether stored pages may leave by a move (the rest are dropped in
+    /// place).
+    pub fn moves(&self) -> bool {
+        match self {
+            Memory::Own { scratch, .. } => scratch.is_some(),
+            Memory::Remote { moves, .. } => *moves,
+        }
     }
 
     fn pid(&self) -> libc::pid_t {
@@ -148,8 +172,9 @@ impl Memory {
         match self {
             Memory::Own {
                 scratch: Some(scratch),
+                ..
             } => scratch.discard(start, len),
-            Memory::Own { scratch: None } | Memory::Remote { moves: false, .. } => Discarded {
+            Memory::Own { scratch: None, .. } | Memory::Remote { moves: false, .. } => Discarded {
                 bytes: 0,
                 again: false,
             },
@@ -166,6 +191,7 @@ impl Memory {
         match self {
             Memory::Own {
                 scratch: Some(scratch),
+                ..
             } => Some(scratch),
             _ => None,
         }
@@ -233,11 +259,9 @@ impl Memory {
 
     /// The mapping (VMA) that holds `addr` now, if any.
     pub fn mapping_at(&self, addr: usize) -> Option<(usize, usize)> {
-        let path = match self {
-            Memory::Own { .. } => "/proc/self/maps".to_string(),
-            Memory::Remote { pid, .. } => format!("/proc/{pid}/maps"),
-        };
-        mapping_in(&std::fs::read_to_string(path).ok()?, addr)
+        match self {
+            Memory::Own { maps, .. } | Memory::Remote { maps, .. } => maps.mapping_at(addr),
+        }
     }
 
     /// Whether any page of `start..end` is unmapped.
@@ -262,6 +286,79 @@ impl Memory {
                 }
                 covered < end
             }
+        }
+    }
+}
+
+/// A process's list of mappings (`/proc/PID/maps`), open, to ask which
+/// mapping holds an address. The kernel answers one mapping at a time
+/// (PROCMAP_QUERY, Linux 6.11), where reading the listing costs a line per
+/// mapping of the process; before 6.11, the listing is read.
+pub(crate) struct Maps {
+    pid: libc::pid_t,
+    file: File,
+}
+
+/// `struct procmap_query` (include/uapi/linux/fs.h): the mapping that
+/// covers `query_addr`, with its name and build id not asked for.
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = 0xC000_0000
+    | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
+    | ((b'f' as libc::c_ulong) << 8)
+    | 17;
+
+impl Maps {
+    fn open(pid: libc::pid_t) -> io::Result<Maps> {
+        Ok(Maps {
+            pid,
+            file: File::open(format!("/proc/{pid}/maps"))?,
+        })
+    }
+
+    /// The mapping that holds `addr` now, if any.
+    fn mapping_at(&self, addr: usize) -> Option<(usize, usize)> {
+        use std::os::fd::AsRawFd;
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_addr: addr as u64,
+            ..ProcmapQuery::default()
+        };
+        // SAFETY: the ioctl reads and writes `q`, a `struct procmap_query`
+        // of the size it says, and names no other memory (no name or build
+        // id buffers).
+        let r = unsafe { libc::ioctl(self.file.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+        if r == 0 {
+            return Some((q.vma_start as usize, q.vma_end as usize));
+        }
+        match io::Error::last_os_error().raw_os_error() {
+            // No mapping holds it.
+            Some(libc::ENOENT) => None,
+            // A kernel before 6.11 (or the process gone: the listing then
+            // says nothing either).
+            _ => mapping_in(
+                &std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).ok()?,
+                addr,
+            ),
         }
     }
 }

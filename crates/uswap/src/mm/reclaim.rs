@@ -381,13 +381,31 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         });
     'runs: for run in discard_runs {
         let (start, len) = run_range(plug, run);
+        let (first, count) = run;
+        let end = start + len;
+        let void = |results: &mut Vec<Result<SlotRange, StoreError>>| {
+            for r in &mut results[first..first + count] {
+                if let Ok(range) = *r {
+                    shared.store.invalidate(range);
+                    *r = Err(StoreError::Io);
+                }
+            }
+        };
+        // The run leaves from its start on: `at` is where what is left
+        // begins, and the next move takes up to `piece_end` (the end of the
+        // run, or, once a move of it was refused, of the mapping at `at`:
+        // a run that mprotect, mlock or madvise split into several
+        // mappings moves one mapping at a time, as the kernel moves only
+        // inside one).
+        let mut at = start;
+        let mut piece_end = end;
         // A move refused for an event that came in (or for a range that
         // changed: nothing mapped at its start) is tried again once the
         // events are in, a few times; then the copies are void and the
         // folios stay (nothing has left memory), where a drop in place
         // could take memory the program has mapped there since.
         let mut tries = 0;
-        let gone = loop {
+        while at < end {
             // Under the settled gate every event up to now is applied and no
             // other is meanwhile: a move of the region since the flush began
             // (the write protection and copy-out may have acted on what it
@@ -400,8 +418,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // is unread, and tried again once the events are in. A drop in
             // place must wait for its event to be read, so it follows once
             // the gate is released (a window left open).
-            let (settled, registered) = settled_gate(shared, space, start, len);
-            let (first, count) = run;
+            let (settled, registered) = settled_gate(shared, space, at, end - at);
             // Part of the range no longer registered: unmapped, and perhaps
             // mapped anew by the program (whose pages a discard would take).
             // So is memory the program unmapped, or moved, from a folio of
@@ -426,16 +443,14 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // A write let in by a protection lifted meanwhile would be lost
             // with the discard: the copies are void then too.
             let written = !shared.unprotects.none_since(mark, space.id, start, len);
-            let void = |results: &mut Vec<Result<SlotRange, StoreError>>| {
-                for r in &mut results[first..first + count] {
-                    if let Ok(range) = *r {
-                        shared.store.invalidate(range);
-                        *r = Err(StoreError::Io);
-                    }
+            if changed || written || tries > MOVE_TRIES {
+                // Once part of the run has left, the copies are all there
+                // is of it: they stay, and the rest of the run stays in
+                // memory. Each folio's finish then keeps the copy of one
+                // that has left and brings back one that left in part.
+                if at == start {
+                    void(&mut results);
                 }
-            };
-            if changed || written {
-                void(&mut results);
                 continue 'runs;
             }
             #[cfg(feature = "fault-injection")]
@@ -443,62 +458,40 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 shared.move_hold.stop_if_armed(|| true);
                 shared.move_hold.over();
             }
-            match memory.discard_quietly(start, len, settled) {
-                Discarded {
-                    bytes: 0,
-                    again: true,
-                } => {
-                    if tries == MOVE_TRIES {
-                        void(&mut results);
-                        continue 'runs;
+            let Discarded { bytes, again } = memory.discard_quietly(at, piece_end - at, settled);
+            shared
+                .counters
+                .discarded_by_move
+                .fetch_add((bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
+            at += bytes;
+            if again {
+                tries += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            tries = 0;
+            if at == piece_end {
+                piece_end = end;
+                continue;
+            }
+            if bytes == 0 && piece_end == end && memory.moves() {
+                if let Some((_, mapping_end)) = memory.mapping_at(at) {
+                    if mapping_end < end {
+                        piece_end = mapping_end;
+                        continue;
                     }
-                    tries += 1;
-                    std::thread::yield_now();
-                }
-                Discarded { bytes, .. } => break bytes,
-            }
-        };
-        shared
-            .counters
-            .discarded_by_move
-            .fetch_add((gone / PAGE_SIZE) as u64, Ordering::Relaxed);
-        if gone == len {
-            continue;
-        }
-        let (start, len) = (start + gone, len - gone);
-        shared
-            .counters
-            .discarded_in_place
-            .fetch_add((len / PAGE_SIZE) as u64, Ordering::Relaxed);
-        shared.begin_own_drop(space.id, start, len);
-        // Part of the range unmapped meanwhile: the rest is dropped, and the
-        // unmap event says what became of the folios. A process gone: its
-        // space is released. A drop that failed otherwise leaves the pages
-        // in memory, where `finish_folio` finds them: they stay resident
-        // and the stored copy is void.
-        match memory.drop_pages(start, len) {
-            Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {}
-            Err(DropError::Failed(e)) => {
-                // MADV_DONTNEED refuses (EINVAL) only memory the program
-                // locked (mlock) among what the runtime manages.
-                if e.raw_os_error() == Some(libc::EINVAL) {
-                    locked.push(run);
-                }
-                let before = shared
-                    .counters
-                    .eviction_drop_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                // Said once: memory the program locked (mlock) refuses
-                // every drop (EINVAL), and would repeat the line at every
-                // pass; the counter says how often.
-                if before == 0 {
-                    eprintln!(
-                        "uswap: dropping {start:#x}+{len:#x} after storing it: {e}; it stays in memory (further failures are counted in eviction_drop_failed)"
-                    );
                 }
             }
+            // What cannot move (a page a forked child shares or something
+            // pinned, memory of other protection or locked), or all of it
+            // where nothing moves: dropped in place, up to the end of the
+            // piece.
+            if drop_in_place(shared, space, memory, at, piece_end - at) {
+                locked.push(run);
+            }
+            at = piece_end;
+            piece_end = end;
         }
-        shared.end_own_drop(space.id, start);
     }
 
     #[cfg(feature = "fault-injection")]
@@ -546,6 +539,47 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     } else {
         Flushed::Unfit
     }
+}
+
+/// Drops stored pages in place (MADV_DONTNEED), as the reclaimer's own drop
+/// (whose REMOVE events the event thread tells from the program's, see
+/// `Shared::is_own_drop`). Returns whether the kernel refused it because the
+/// program locked the memory.
+///
+/// Part of the range unmapped meanwhile: the rest is dropped, and the unmap
+/// event says what became of the folios. A process gone: its space is
+/// released. A drop that failed otherwise leaves the pages in memory, where
+/// `finish_folio` finds them: they stay resident and the stored copy is
+/// void.
+fn drop_in_place(shared: &Shared, space: &Space, memory: &Memory, start: usize, len: usize) -> bool {
+    shared
+        .counters
+        .discarded_in_place
+        .fetch_add((len / PAGE_SIZE) as u64, Ordering::Relaxed);
+    shared.begin_own_drop(space.id, start, len);
+    let mut locked = false;
+    match memory.drop_pages(start, len) {
+        Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {}
+        Err(DropError::Failed(e)) => {
+            // MADV_DONTNEED refuses (EINVAL) only memory the program
+            // locked (mlock) among what the runtime manages.
+            locked = e.raw_os_error() == Some(libc::EINVAL);
+            let before = shared
+                .counters
+                .eviction_drop_failed
+                .fetch_add(1, Ordering::Relaxed);
+            // Said once: memory the program locked (mlock) refuses every
+            // drop (EINVAL), and would repeat the line at every pass; the
+            // counter says how often.
+            if before == 0 {
+                eprintln!(
+                    "uswap: dropping {start:#x}+{len:#x} after storing it: {e}; it stays in memory (further failures are counted in eviction_drop_failed)"
+                );
+            }
+        }
+    }
+    shared.end_own_drop(space.id, start);
+    locked
 }
 
 /// Ends one folio's eviction under the gate: applies what the program did to
