@@ -11,10 +11,14 @@
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
 //! process's pages by its agent, into a scratch of its own); what cannot
 //! move (pages of read-only or locked mappings, pages shared with a forked
-//! child, pinned pages) is dropped in place (MADV_DONTNEED). Adjacent folios of
-//! the plug (sequential access makes them the rule) share one write-protect
-//! call and one move or MADV_DONTNEED, so the TLB flushes and the REMOVE
-//! event round trips are paid per run, not per folio. A folio the store
+//! child, pinned pages) is dropped in place (MADV_DONTNEED). Adjacent folios
+//! of the plug (sequential access makes them the rule) share one
+//! write-protect call and one move or MADV_DONTNEED, so the TLB flushes and
+//! the REMOVE event round trips are paid per run, not per folio; a run the
+//! program split into several mappings moves one mapping at a time (the
+//! kernel moves only inside one). A part of a folio the program gave up
+//! (REMOVE) before its discard keeps the folio in memory: a MADV_FREE looks
+//! like a MADV_DONTNEED, and a write after it keeps the pages. A folio the store
 //! refuses is unprotected and stays resident.
 //!
 //! The copy-out goes through `process_vm_readv` rather than a plain memory
@@ -551,7 +555,13 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
 /// released. A drop that failed otherwise leaves the pages in memory, where
 /// `finish_folio` finds them: they stay resident and the stored copy is
 /// void.
-fn drop_in_place(shared: &Shared, space: &Space, memory: &Memory, start: usize, len: usize) -> bool {
+fn drop_in_place(
+    shared: &Shared,
+    space: &Space,
+    memory: &Memory,
+    start: usize,
+    len: usize,
+) -> bool {
     shared
         .counters
         .discarded_in_place
