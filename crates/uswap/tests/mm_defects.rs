@@ -1594,3 +1594,30 @@ fn a_write_after_madv_free_on_a_folio_taken_for_eviction_is_kept() {
         assert_eq!(rt.stats().sigbus, 0);
     });
 }
+
+/// The same, with whole folios given up and written again: their eviction
+/// is called off, and they ended UNTOUCHED (as if dropped) with their pages
+/// in memory, no longer counted against the limit nor ever evicted again.
+#[test]
+fn a_whole_folio_written_after_madv_free_while_evicting_stays_counted() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = filled_region(FOLIO, 2, true);
+        rt.hold_next_flush();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_flush_held(), "no flush was held");
+        // SAFETY: the test's own region; MADV_FREE keeps it mapped.
+        unsafe {
+            assert_eq!(libc::madvise(base as *mut _, len, libc::MADV_FREE), 0);
+            std::ptr::write_bytes(base as *mut u8, 0xAB, len);
+        }
+        rt.set_memory_high(16 * MIB);
+        rt.release_flush();
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+        assert!(
+            bytes.iter().all(|&b| b == 0xAB),
+            "bytes written after MADV_FREE lost"
+        );
+        assert_eq!(rt.stats().resident_bytes as usize, len, "{:?}", rt.stats());
+    });
+}

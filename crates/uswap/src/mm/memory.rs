@@ -94,7 +94,7 @@ impl Memory {
         Ok(Memory::Remote {
             pid,
             pagemap: File::open(format!("/proc/{pid}/pagemap"))?,
-            maps: Maps::open(pid)?,
+            maps: Maps::open(format!("/proc/{pid}/maps")),
             dropper,
             moves,
         })
@@ -102,12 +102,11 @@ impl Memory {
 
     /// The runtime's own memory, discarded through `scratch` where moves
     /// work.
-    pub fn own(scratch: Option<Scratch>) -> io::Result<Memory> {
-        Ok(Memory::Own {
+    pub fn own(scratch: Option<Scratch>) -> Memory {
+        Memory::Own {
             scratch,
-            // SAFETY: getpid has no preconditions.
-            maps: Maps::open(unsafe { libc::getpid() })?,
-        })
+            maps: Maps::open("/proc/self/maps".into()),
+        }
     }
 
     /// Whether stored pages may leave by a move (the rest are dropped in
@@ -295,8 +294,10 @@ impl Memory {
 /// (PROCMAP_QUERY, Linux 6.11), where reading the listing costs a line per
 /// mapping of the process; before 6.11, the listing is read.
 pub(crate) struct Maps {
-    pid: libc::pid_t,
-    file: File,
+    path: String,
+    /// Open once; `None` where it could not be (no /proc: every question
+    /// then reads the listing, and finds none).
+    file: Option<File>,
 }
 
 /// `struct procmap_query` (include/uapi/linux/fs.h): the mapping that
@@ -328,11 +329,11 @@ const PROCMAP_QUERY: libc::c_ulong = 0xC000_0000
     | 17;
 
 impl Maps {
-    fn open(pid: libc::pid_t) -> io::Result<Maps> {
-        Ok(Maps {
-            pid,
-            file: File::open(format!("/proc/{pid}/maps"))?,
-        })
+    fn open(path: String) -> Maps {
+        Maps {
+            file: File::open(&path).ok(),
+            path,
+        }
     }
 
     /// The mapping that holds `addr` now, if any.
@@ -343,23 +344,22 @@ impl Maps {
             query_addr: addr as u64,
             ..ProcmapQuery::default()
         };
-        // SAFETY: the ioctl reads and writes `q`, a `struct procmap_query`
-        // of the size it says, and names no other memory (no name or build
-        // id buffers).
-        let r = unsafe { libc::ioctl(self.file.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
-        if r == 0 {
-            return Some((q.vma_start as usize, q.vma_end as usize));
-        }
-        match io::Error::last_os_error().raw_os_error() {
+        if let Some(file) = &self.file {
+            // SAFETY: the ioctl reads and writes `q`, a `struct
+            // procmap_query` of the size it says, and names no other memory
+            // (no name or build id buffers).
+            let r = unsafe { libc::ioctl(file.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+            if r == 0 {
+                return Some((q.vma_start as usize, q.vma_end as usize));
+            }
             // No mapping holds it.
-            Some(libc::ENOENT) => None,
-            // A kernel before 6.11 (or the process gone: the listing then
-            // says nothing either).
-            _ => mapping_in(
-                &std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).ok()?,
-                addr,
-            ),
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+                return None;
+            }
         }
+        // A kernel before 6.11 (or the process gone: the listing then says
+        // nothing either).
+        mapping_in(&std::fs::read_to_string(&self.path).ok()?, addr)
     }
 }
 

@@ -372,8 +372,8 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // scratch's worth): moved out without an event where that works
     // (`mm/scratch.rs`), the rest in place. The event thread attributes the
     // REMOVE events a drop in place raises to the reclaimer.
-    // Runs (first, count) whose drop the kernel refused because their
-    // memory is locked; empty, and not allocated, in the usual case.
+    // Plug entries (first, count) whose drop the kernel refused because
+    // their memory is locked; empty, and not allocated, in the usual case.
     let mut locked: Vec<(usize, usize)> = Vec::new();
     let discard_runs = runs(plug, |k| results[k].is_ok())
         .into_iter()
@@ -409,6 +409,10 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         // folios stay (nothing has left memory), where a drop in place
         // could take memory the program has mapped there since.
         let mut tries = 0;
+        // Whether anything of the run may have left memory: a discard
+        // answered other than "again" (another process's agent may have
+        // moved pages and lost its answer), or a drop in place was made.
+        let mut maybe_gone = false;
         while at < end {
             // Under the settled gate every event up to now is applied and no
             // other is meanwhile: a move of the region since the flush began
@@ -448,11 +452,12 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // with the discard: the copies are void then too.
             let written = !shared.unprotects.none_since(mark, space.id, start, len);
             if changed || written || tries > MOVE_TRIES {
-                // Once part of the run has left, the copies are all there
-                // is of it: they stay, and the rest of the run stays in
-                // memory. Each folio's finish then keeps the copy of one
-                // that has left and brings back one that left in part.
-                if at == start {
+                // Once part of the run may have left, the copies may be all
+                // there is of it: they stay, and the rest of the run stays
+                // in memory. Each folio's finish then keeps the copy of one
+                // that has left, brings back one that left in part, and
+                // voids that of one still whole in place.
+                if !maybe_gone {
                     void(&mut results);
                 }
                 continue 'runs;
@@ -468,6 +473,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 .discarded_by_move
                 .fetch_add((bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
             at += bytes;
+            maybe_gone |= bytes > 0 || !again;
             if again {
                 tries += 1;
                 std::thread::yield_now();
@@ -491,7 +497,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // where nothing moves: dropped in place, up to the end of the
             // piece.
             if drop_in_place(shared, space, memory, at, piece_end - at) {
-                locked.push(run);
+                // The folios the piece covers (in part or whole).
+                let fs = plug[first].region.folio_size;
+                let lo = first + (at - start) / fs;
+                let hi = first + (piece_end - start).div_ceil(fs);
+                locked.push((lo, hi - lo));
             }
             at = piece_end;
             piece_end = end;
@@ -514,7 +524,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     let mut progress = false;
     for (k, ((v, result), was_protected)) in plug.drain(..).zip(results).zip(protected).enumerate()
     {
-        let in_locked_run = locked
+        let in_locked_piece = locked
             .iter()
             .any(|&(first, count)| (first..first + count).contains(&k));
         let gone = finish_folio(
@@ -524,7 +534,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             v.folio,
             result,
             was_protected,
-            in_locked_run,
+            in_locked_piece,
         );
         if gone && v.clean.is_some() {
             shared
@@ -713,7 +723,15 @@ fn finish_folio(
             if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
                 f.set(GONE);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
-            } else if extras.removed.covers(pages) {
+            } else if extras.removed.covers(pages)
+                && space
+                    .memory
+                    .get()
+                    .is_some_and(|m| m.present_pages(region.folio_addr(i), fs).is_empty())
+            {
+                // Given up whole, and gone. (Given up with MADV_FREE and
+                // written again, its pages are still there: it stays
+                // resident, and counted.)
                 f.set(UNTOUCHED);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
             } else if locked {
