@@ -1621,3 +1621,46 @@ fn a_whole_folio_written_after_madv_free_while_evicting_stays_counted() {
         assert_eq!(rt.stats().resident_bytes as usize, len, "{:?}", rt.stats());
     });
 }
+
+/// A resident folio the program gives up whole (MADV_FREE) and writes
+/// again keeps its pages and bytes; it was taken out of the count (as if
+/// dropped) and never evicted again: memory the limit no longer saw. Given
+/// up with MADV_DONTNEED instead, it leaves the count once the reclaimer
+/// finds its pages gone.
+#[test]
+fn a_resident_folio_written_after_madv_free_stays_counted() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, _len) = filled_region(FOLIO, 2, true);
+        let (freed, dropped) = (base, base + FOLIO);
+        // SAFETY: the test's own region; MADV_FREE keeps it mapped.
+        unsafe {
+            assert_eq!(libc::madvise(freed as *mut _, FOLIO, libc::MADV_FREE), 0);
+            std::ptr::write_bytes(freed as *mut u8, 0xAB, FOLIO);
+            assert_eq!(
+                libc::madvise(dropped as *mut _, FOLIO, libc::MADV_DONTNEED),
+                0
+            );
+        }
+        assert_eq!(rt.stats().resident_bytes as usize, 2 * FOLIO);
+        rt.set_memory_high(FOLIO / 2);
+        assert!(
+            eventually(|| rt.stats().resident_bytes == 0),
+            "{:?}",
+            rt.stats()
+        );
+        let stats = rt.stats();
+        assert_eq!(stats.evicted_folios, 1, "only the written folio: {stats:?}");
+        // SAFETY: as above.
+        let (f, d) = unsafe {
+            (
+                std::slice::from_raw_parts(freed as *const u8, FOLIO),
+                std::slice::from_raw_parts(dropped as *const u8, FOLIO),
+            )
+        };
+        assert!(
+            f.iter().all(|&b| b == 0xAB),
+            "bytes written after MADV_FREE"
+        );
+        assert!(d.iter().all(|&b| b == 0), "a dropped folio reads zeros");
+    });
+}

@@ -14,12 +14,14 @@
 //!
 //! | state      | dropped (REMOVE)         | unmapped (UNMAP)          | moved away in part (REMAP)   |
 //! |------------|--------------------------|---------------------------|------------------------------|
-//! | RESIDENT   | whole: UNTOUCHED         | GONE                      | GONE (pages moved with it)   |
+//! | RESIDENT   | whole: GIVEN_UP (1)      | GONE                      | GONE (pages moved with it)   |
 //! | SWAPPED    | whole: UNTOUCHED, freed; part: extras | whole: GONE, freed; part: extras | LOADING + follow-up swap-in |
 //! | busy       | extras                   | extras                    | extras                       |
 //!
 //! ("extras": recorded for the folio's owner or its next swap-in, see
-//! [`super::space`].) A CLEAN folio first drops its stored copy and is
+//! [`super::space`]. (1): flagged, still counted, and first in line for the
+//! reclaimer, which makes it UNTOUCHED if its pages are gone, see
+//! [`folio::GIVEN_UP`]; in a space not evicted from, UNTOUCHED at once.) A CLEAN folio first drops its stored copy and is
 //! RESIDENT for every event, fork included: what the program does to its
 //! memory may make the copy wrong, and events are rare enough not to be
 //! worth telling apart.
@@ -99,10 +101,18 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 .fetch_add(1, Ordering::Relaxed);
         }
         match folio::state(w) {
+            // Its pages may still be there (see `folio::GIVEN_UP`).
+            RESIDENT if hi - lo == pages && space.is_evicted() => {
+                f.set_flag(folio::GIVEN_UP);
+                shared.fifo.lock().expect("fifo lock").push_front(FolioRef {
+                    space: space.id,
+                    region: region.id,
+                    folio: i as u32,
+                });
+            }
             RESIDENT if hi - lo == pages => {
                 f.set(UNTOUCHED);
                 space.take_extras(&region, i);
-                uncount_resident(shared, space, &region);
             }
             // The zap leaves holes that read as zero.
             RESIDENT => {}

@@ -73,6 +73,12 @@ const STATE_MASK: u64 = 0xf;
 pub const ACTIVE: u64 = 1 << 4;
 /// The folio has extras (holes from partial drops, pages moved away).
 pub const EXTRA: u64 = 1 << 5;
+/// Resident, and given up whole by the program (a REMOVE event over all of
+/// it): its pages are gone (MADV_DONTNEED), or stay until the kernel needs
+/// them and keep their bytes if written again first (MADV_FREE), which the
+/// event does not tell apart. It stays counted; the reclaimer, which takes
+/// it first, finds out which (`reclaim::next_victim`).
+pub const GIVEN_UP: u64 = 1 << 6;
 const SLOT_SHIFT: u32 = 32;
 
 /// The state part of a word.

@@ -36,7 +36,9 @@
 //! only for its own contents is no reason to pause: the next may compress.
 
 use super::events::{self, Outcome};
-use super::folio::{self, ACTIVE, CLEAN, EVICTING, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED};
+use super::folio::{
+    self, ACTIVE, CLEAN, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED,
+};
 use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN};
 use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
@@ -224,6 +226,31 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         let w = f.load();
         let state = folio::state(w);
         if state != RESIDENT && state != CLEAN {
+            continue;
+        }
+        if w & GIVEN_UP != 0 {
+            // Given up whole: untouched if its pages are gone, evicted as
+            // any other if they are still there (MADV_FREE, written
+            // again). A page a fault puts in meanwhile is counted again
+            // with the folio's next touch (its zero fill skips it).
+            let gone = space.memory.get().is_some_and(|m| {
+                m.present_pages(region.folio_addr(i), region.folio_size)
+                    .is_empty()
+            });
+            if gone && f.transition(w, UNTOUCHED) {
+                space.take_extras(&region, i);
+                shared
+                    .resident
+                    .fetch_sub(region.folio_size, Ordering::AcqRel);
+                continue;
+            }
+            // Taken again at once, as any resident folio.
+            f.clear_flag(GIVEN_UP);
+            shared.fifo.lock().expect("fifo lock").push_front(FolioRef {
+                space: space.id,
+                region: region.id,
+                folio: i as u32,
+            });
             continue;
         }
         if w & ACTIVE != 0 {
