@@ -31,7 +31,7 @@ use super::folio::{
 };
 use super::space::{AtDestination, Extras, Owner, RegionInner, Space};
 use super::uffd::Uffd;
-use super::{FolioRef, Shared};
+use super::Shared;
 use crate::page::PAGE_SIZE;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -104,11 +104,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
             // Its pages may still be there (see `folio::GIVEN_UP`).
             RESIDENT if hi - lo == pages && space.is_evicted() => {
                 f.set_flag(folio::GIVEN_UP);
-                shared.fifo.lock().expect("fifo lock").push_front(FolioRef {
-                    space: space.id,
-                    region: region.id,
-                    folio: i as u32,
-                });
+                shared.queue_for_reclaim_first(space.id, region.id, i);
             }
             RESIDENT if hi - lo == pages => {
                 f.set(UNTOUCHED);
@@ -439,11 +435,7 @@ pub(crate) fn resolve_inheritors(
             shared
                 .resident
                 .fetch_add(heir.region.folio_size, Ordering::AcqRel);
-            shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
-                space: child.id,
-                region: heir.region.id,
-                folio: i as u32,
-            });
+            shared.queue_for_reclaim(child.id, heir.region.id, i);
         }
         super::swapin::wake_range(&child, heir.region.folio_addr(i), heir.region.folio_size);
         // Faults where its moved pages live wait for them too.

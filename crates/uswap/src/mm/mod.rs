@@ -883,6 +883,26 @@ impl Shared {
             });
     }
 
+    /// Queues folio `folio` of region `region` of space `space` for
+    /// reclaim, last (fault-in order).
+    pub fn queue_for_reclaim(&self, space: u32, region: u32, folio: usize) {
+        self.fifo.lock().expect("fifo lock").push_back(FolioRef {
+            space,
+            region,
+            folio: folio as u32,
+        });
+    }
+
+    /// Queues a folio for reclaim ahead of all others (the reclaimer has a
+    /// question about it, see `folio::GIVEN_UP`).
+    pub fn queue_for_reclaim_first(&self, space: u32, region: u32, folio: usize) {
+        self.fifo.lock().expect("fifo lock").push_front(FolioRef {
+            space,
+            region,
+            folio: folio as u32,
+        });
+    }
+
     /// The reclaimer's MADV_DONTNEED of `start` in `space` returned.
     fn end_own_drop(&self, space: u32, start: usize) {
         let mut drops = self.own_drops.lock().expect("own drops lock");

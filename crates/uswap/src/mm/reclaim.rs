@@ -246,20 +246,12 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
             }
             // Taken again at once, as any resident folio.
             f.clear_flag(GIVEN_UP);
-            shared.fifo.lock().expect("fifo lock").push_front(FolioRef {
-                space: space.id,
-                region: region.id,
-                folio: i as u32,
-            });
+            shared.queue_for_reclaim_first(space.id, region.id, i);
             continue;
         }
         if w & ACTIVE != 0 {
             f.clear_flag(ACTIVE);
-            shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
-                space: space.id,
-                region: region.id,
-                folio: i as u32,
-            });
+            shared.queue_for_reclaim(space.id, region.id, i);
             continue;
         }
         if !f.transition(w, EVICTING | (w & folio::EXTRA)) {
@@ -774,11 +766,7 @@ fn finish_folio(
                     .fetch_add(1, Ordering::Relaxed);
             } else {
                 f.set(RESIDENT);
-                shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
-                    space: space.id,
-                    region: region.id,
-                    folio: i as u32,
-                });
+                shared.queue_for_reclaim(space.id, region.id, i);
             }
         }
     }

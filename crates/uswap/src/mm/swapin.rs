@@ -26,7 +26,7 @@
 use super::folio::{self, ACTIVE, CLEAN, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
 use super::space::{Extras, RegionInner, Space};
 use super::uffd::{Partial, UffdError};
-use super::{FolioRef, Shared};
+use super::Shared;
 use crate::page::PAGE_SIZE;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -322,11 +322,7 @@ fn publish_settled(
         shared
             .resident
             .fetch_add(region.folio_size, Ordering::AcqRel);
-        shared.fifo.lock().expect("fifo lock").push_back(FolioRef {
-            space: space.id,
-            region: region.id,
-            folio: i as u32,
-        });
+        shared.queue_for_reclaim(space.id, region.id, i);
         if shared.resident.load(Ordering::Relaxed) > shared.memory_high() {
             shared.kick_reclaim();
         }
