@@ -617,3 +617,47 @@ fn folios_split_across_mappings_leave_by_moves() {
         }
     });
 }
+
+/// A forked child that exits before its request to be adopted is read is
+/// gone (ESRCH, which a supervisor passes over in silence), not "a process
+/// that never touched its beacon" (said for every such child before).
+#[test]
+fn adopting_a_child_that_has_exited_finds_it_gone() {
+    use uswap::mm::memory::{Discarded, DropError, DropPages};
+    struct Nothing;
+    impl DropPages for Nothing {
+        fn drop_pages(&self, _: usize, _: usize) -> Result<(), DropError> {
+            Err(DropError::Gone)
+        }
+        fn move_out(&self, _: usize, _: usize) -> Discarded {
+            Discarded {
+                bytes: 0,
+                again: false,
+            }
+        }
+    }
+    within(Duration::from_secs(60), || {
+        let rt = runtime(16 * MIB, 64 << 10, 8, false);
+        // SAFETY: the child leaves at once; it is left unreaped (a zombie)
+        // while it is asked for, then reaped.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0);
+        let zombie = eventually(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        });
+        assert!(zombie, "the child did not exit");
+        let asked = rt.adopt(pid, Box::new(Nothing), |_| Ok(()));
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let e = asked.err().expect("an exited child is not adopted");
+        assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}");
+    });
+}

@@ -100,9 +100,17 @@ impl Runtime {
             .expect("beacon lock")
             .remove(&pid)
             .ok_or_else(|| {
-                io::Error::other(format!(
-                    "process {pid} is not a forked child that touched its beacon"
-                ))
+                // A child that touched its beacon and exited (or exec'd)
+                // before its request was read had its space, and with it
+                // the touch, released already: gone, like any process that
+                // went meanwhile.
+                if has_no_memory(pid) {
+                    io::Error::from_raw_os_error(libc::ESRCH)
+                } else {
+                    io::Error::other(format!(
+                        "process {pid} is not a forked child that touched its beacon"
+                    ))
+                }
             })?;
         let space = shared
             .space(id)
@@ -191,4 +199,11 @@ impl Attached {
         shared.count_resident_region(&self.space, &region);
         Ok(())
     }
+}
+
+/// Whether process `pid` has no address space (any more): gone, or a
+/// zombie, whose /proc/PID/statm reads all zeros.
+fn has_no_memory(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .map_or(true, |statm| statm.split_whitespace().next() == Some("0"))
 }
