@@ -638,13 +638,11 @@ fn adopting_a_child_that_has_exited_finds_it_gone() {
     }
     within(Duration::from_secs(60), || {
         let rt = runtime(16 * MIB, 64 << 10, 8, false);
-        // SAFETY: the child leaves at once; it is left unreaped (a zombie)
-        // while it is asked for, then reaped.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            unsafe { libc::_exit(0) };
-        }
-        assert!(pid > 0);
+        // A child that exits at once, left unreaped (a zombie) while it is
+        // asked for. Spawned, not forked: a fork would share the pages of
+        // the other tests' runtimes with it meanwhile.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as libc::pid_t;
         let zombie = eventually(|| {
             std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
                 s.rsplit(')')
@@ -654,9 +652,7 @@ fn adopting_a_child_that_has_exited_finds_it_gone() {
         });
         assert!(zombie, "the child did not exit");
         let asked = rt.adopt(pid, Box::new(Nothing), |_| Ok(()));
-        let mut status = 0;
-        // SAFETY: reaping our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        child.wait().unwrap();
         let e = asked.err().expect("an exited child is not adopted");
         assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}");
     });
