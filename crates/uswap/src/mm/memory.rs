@@ -267,23 +267,16 @@ impl Memory {
     pub fn any_unmapped(&self, start: usize, end: usize) -> bool {
         match self {
             Memory::Own { .. } => crate::sys::any_unmapped(start, end),
-            Memory::Remote { pid, .. } => {
-                let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-                    return true;
-                };
-                let mut covered = start;
-                let mut ranges: Vec<(usize, usize)> = maps.lines().filter_map(maps_range).collect();
-                ranges.sort_unstable();
-                for (lo, hi) in ranges {
-                    if lo > covered {
-                        break;
-                    }
-                    covered = covered.max(hi);
-                    if covered >= end {
-                        return false;
+            // Mapping after mapping from `start`, as long as they adjoin.
+            Memory::Remote { maps, .. } => {
+                let mut at = start;
+                while at < end {
+                    match maps.mapping_at(at) {
+                        Some((_, hi)) => at = hi,
+                        None => return true,
                     }
                 }
-                covered < end
+                false
             }
         }
     }
@@ -371,7 +364,7 @@ fn mapping_in(maps: &str, addr: usize) -> Option<(usize, usize)> {
 }
 
 /// The `start-end` range of one line of /proc/PID/maps.
-pub(crate) fn maps_range(line: &str) -> Option<(usize, usize)> {
+fn maps_range(line: &str) -> Option<(usize, usize)> {
     let range = line.split_whitespace().next()?;
     let (lo, hi) = range.split_once('-')?;
     Some((
