@@ -668,3 +668,79 @@ fn adopting_a_child_that_has_exited_finds_it_gone() {
         assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}");
     });
 }
+
+/// Memory that does not compress, with no swap file to hold it raw, is
+/// refused once and then left alone until it is written (`folio::UNFIT`):
+/// the reclaimer does not compress it again at every pass. It does not
+/// count against the limit, so that a working set that fits under the
+/// limit stays in memory instead of being evicted as soon as it comes
+/// back. A write takes a folio back into reclaim, and dropping
+/// the memory leaves nothing counted.
+#[test]
+fn memory_that_does_not_compress_is_tried_once_until_written() {
+    within(Duration::from_secs(120), || {
+        let fs = 64 << 10;
+        let rt = runtime(4 * MIB, fs, 8, false);
+        let noise = rt.map(5 * MIB).unwrap();
+        let data = rt.map(8 * MIB).unwrap();
+        let (n, d) = (Words::of(&noise), Words::of(&data));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let random: Vec<u64> = (0..n.count).map(|_| rng.gen()).collect();
+        for (i, &v) in random.iter().enumerate() {
+            n.write(i, v);
+        }
+        let per_page = 4096 / 8;
+        let touch = |pages: usize, round: u64| {
+            for p in 0..pages {
+                d.write(p * per_page, p as u64 + round);
+            }
+        };
+        for round in 0..4 {
+            touch(d.count / per_page, round);
+        }
+        let s = rt.stats();
+        let noise_pages = (noise.len() / 4096) as u64;
+        assert!(s.unfit_folios > 0 && s.unfit_bytes > 0, "{s:?}");
+        assert!(s.unfit_bytes <= noise.len() as u64, "{s:?}");
+        assert!(
+            s.store.reject_compress_poor <= noise_pages,
+            "{} pages refused for {noise_pages} that do not compress",
+            s.store.reject_compress_poor
+        );
+        // A working set of 1.5 MiB, under the limit: after its first pass
+        // it stays in memory.
+        let set = 3 * MIB / 2 / 4096;
+        touch(set, 10);
+        let faults = rt.stats().pgmajfault;
+        for round in 11..20 {
+            touch(set, round);
+        }
+        let refaults = rt.stats().pgmajfault - faults;
+        assert!(
+            refaults < (set * 4096 / fs) as u64,
+            "{refaults} folios of the working set brought back again"
+        );
+        // A write takes a folio back into reclaim.
+        let unfit = rt.stats().unfit_bytes;
+        for f in 0..noise.len() / fs {
+            let i = f * fs / 8;
+            n.write(i, random[i] ^ 1);
+        }
+        assert!(rt.stats().unfit_bytes < unfit, "{:?}", rt.stats());
+        for (i, &v) in random.iter().enumerate() {
+            let want = if i % (fs / 8) == 0 { v ^ 1 } else { v };
+            assert_eq!(n.read(i), want, "word {i}");
+        }
+        for p in 0..d.count / per_page {
+            let want = p as u64 + if p < set { 19 } else { 3 };
+            assert_eq!(d.read(p * per_page), want, "page {p}");
+        }
+        drop(noise);
+        assert!(
+            eventually(|| rt.stats().unfit_bytes == 0),
+            "{:?}",
+            rt.stats()
+        );
+        assert_eq!(rt.stats().store.decompress_fail, 0);
+    });
+}

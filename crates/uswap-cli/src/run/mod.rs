@@ -663,6 +663,15 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
         std::fs::write(path, sup.report().vmstat())
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
+    let unfit = sup.rt.stats().unfit_folios;
+    if unfit > 0 {
+        // Said once, at the end: the limit held for the rest of memory only.
+        eprintln!(
+            "uswap: {unfit} times a folio did not compress and, with no swap file, \
+             stayed in memory on top of --memory-high (--swap-dir gives such memory \
+             somewhere to go)"
+        );
+    }
     let refused = sup.refused.load(Ordering::Acquire);
     // Images still alive (children that outlived the program) get what the
     // store holds for them, then are let go.

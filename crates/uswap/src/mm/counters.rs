@@ -20,16 +20,20 @@ macro_rules! counters {
             $($(#[$doc])* pub $name: u64,)*
             /// Managed memory of the runtime's own process resident now.
             pub resident_bytes: u64,
+            /// The part of `resident_bytes` that would not compress, with
+            /// no swap file to hold it raw (`folio::UNFIT`).
+            pub unfit_bytes: u64,
             /// Forked address spaces being served now.
             pub children: u64,
         }
 
         impl Counters {
-            pub fn snapshot(&self, store: ZswapStats, resident_bytes: u64, children: u64) -> RuntimeStats {
+            pub fn snapshot(&self, store: ZswapStats, resident_bytes: u64, unfit_bytes: u64, children: u64) -> RuntimeStats {
                 RuntimeStats {
                     store,
                     $($name: self.$name.load(Relaxed),)*
                     resident_bytes,
+                    unfit_bytes,
                     children,
                 }
             }
@@ -41,6 +45,7 @@ macro_rules! counters {
                 let mut v = self.store.named();
                 $(v.push((stringify!($name).to_string(), self.$name));)*
                 v.push(("resident_bytes".to_string(), self.resident_bytes));
+                v.push(("unfit_bytes".to_string(), self.unfit_bytes));
                 v.push(("children".to_string(), self.children));
                 v
             }
@@ -75,6 +80,10 @@ counters! {
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.
     eviction_drop_failed,
+    /// Folios the store refused because their pages do not compress, with
+    /// no swap file to hold them raw: left resident, write-protected and
+    /// out of the reclaim queue until written (`folio::UNFIT`).
+    unfit_folios,
     /// Folios left out of reclaim because their memory is locked (mlock):
     /// the drop was refused. They stay resident and counted.
     unevictable_folios,

@@ -91,7 +91,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
-        shared.forget_clean_copy(&region, i);
+        shared.unpark(space.id, &region, i);
         let f = &region.folios[i];
         let w = f.load();
         if hi - lo < pages {
@@ -152,7 +152,7 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
                 .partial_folio_events
                 .fetch_add(1, Ordering::Relaxed);
         }
-        shared.forget_clean_copy(&region, i);
+        shared.unpark(space.id, &region, i);
         let f = &region.folios[i];
         let w = f.load();
         match folio::state(w) {
@@ -226,7 +226,7 @@ pub(crate) fn on_remap(
         if from == region.base() && len == region.len {
             region.base.store(to, Ordering::Release);
             for i in 0..region.folios.len() {
-                shared.forget_clean_copy(&region, i);
+                shared.unpark(space.id, &region, i);
             }
             return;
         }
@@ -250,7 +250,7 @@ pub(crate) fn on_remap(
             .counters
             .partial_folio_events
             .fetch_add(1, Ordering::Relaxed);
-        shared.forget_clean_copy(&region, i);
+        shared.unpark(space.id, &region, i);
         let f = &region.folios[i];
         let w = f.load();
         match folio::state(w) {
@@ -304,7 +304,7 @@ pub(crate) fn on_fork(
         *copy.unmapped.lock().expect("unmapped lock") =
             r.unmapped.lock().expect("unmapped lock").clone();
         for (i, f) in r.folios.iter().enumerate() {
-            shared.forget_clean_copy(r, i);
+            shared.unpark(parent.id, r, i);
             let w = f.load();
             let extras = parent.extras_of(r, i, w);
             let state = match folio::state(w) {
@@ -459,7 +459,7 @@ pub(crate) fn release_space(shared: &Shared, space: &Space) {
     space.alive.store(false, Ordering::Release);
     for region in space.regions.read().expect("regions lock").iter() {
         for (i, f) in region.folios.iter().enumerate() {
-            shared.forget_clean_copy(region, i);
+            shared.unpark(space.id, region, i);
             let w = f.load();
             match folio::state(w) {
                 SWAPPED => {

@@ -24,7 +24,7 @@
 
 use super::events::{self, FollowUp};
 use super::folio::{
-    self, CLEAN, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED,
+    self, CLEAN, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNFIT, UNTOUCHED,
     ZEROING,
 };
 use super::space::{Owner, Space};
@@ -647,8 +647,12 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
                 }
             }
             // A page inside a resident (or untracked) folio that the program
-            // dropped: it reads as zero.
-            RESIDENT | GONE => return zero_page(space, page, false),
+            // dropped: it reads as zero. An UNFIT folio changed with it, and
+            // goes back into reclaim.
+            RESIDENT | GONE => {
+                shared.requeue_unfit(space.id, &region, i);
+                return zero_page(space, page, false);
+            }
             // A clean folio missing a page (the kernel freed one the program
             // had given up with MADV_FREE): its copy is no longer its
             // contents, so it goes before the page reads as zero.
@@ -687,7 +691,20 @@ fn serve_write_protected(
         // Registered memory no region tracks: the protection is stale.
         return (unprotect(space, page), one);
     };
-    match folio::state(region.folios[i].load()) {
+    let w = region.folios[i].load();
+    match folio::state(w) {
+        // The first write to a folio that would not compress: back into
+        // reclaim (it may compress now), and the whole folio is unprotected
+        // (which wakes the writer).
+        RESIDENT if w & UNFIT != 0 => {
+            if shared.requeue_unfit(space.id, &region, i) {
+                let (start, len) = (region.folio_addr(i), region.folio_size);
+                (unprotect_folio(space, start, len, page), Some((start, len)))
+            } else {
+                // An event let it go meanwhile: decide again.
+                (Step::Again, None)
+            }
+        }
         // The first write to a clean folio: its stored copy goes, then the
         // whole folio is unprotected (which wakes the writer).
         CLEAN => {
@@ -728,7 +745,7 @@ fn readahead(
 ) {
     let window = (1usize << shared.config.page_cluster) - 1;
     for j in i + 1..(i + 1 + window).min(region.folios.len()) {
-        if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.memory_high() {
+        if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.reclaim_limit() {
             return;
         }
         let f = &region.folios[j];
@@ -759,13 +776,12 @@ fn readahead(
 /// than the wake-up it saves (`uswap usemem 1536M -n 2 --memory-high 1G`,
 /// threads: 818-825K against 927-931K KB/s with a 50 us spin).
 fn reclaim_idle(shared: &Shared) -> bool {
-    let high = shared.memory_high();
+    let high = shared.reclaim_limit();
     shared.resident.load(Ordering::Acquire) < high - high / 16
 }
 
 fn must_throttle(shared: &Shared, incoming: usize) -> bool {
-    let high = shared.memory_high();
-    let limit = high + shared.config.slack_at(high);
+    let limit = shared.reclaim_limit() + shared.config.slack_at(shared.memory_high());
     shared.resident.load(Ordering::Acquire) + incoming > limit
         && !shared.shutdown.load(Ordering::Acquire)
         && !shared.reclaim_stuck.load(Ordering::Acquire)

@@ -27,6 +27,16 @@
 //!                           +--reclaim (discard only)--> EVICTING --> SWAPPED
 //! ```
 //!
+//! A folio the store refused because its pages do not compress, with no
+//! swap file to hold them raw, is UNFIT (a flag on RESIDENT): it keeps the
+//! flush's write protection and stays out of the reclaim queue, so that the
+//! reclaimer does not compress the same pages again at every pass. Its first
+//! write (a write-protect fault), a missing page, or any event of the
+//! program over it clears the flag and queues it again (`Shared::unpark`).
+//! UNFIT memory still counts as resident, but not against the limit
+//! (`Shared::reclaim_limit`): the rest of memory keeps the limit's room to
+//! work in instead of being evicted as soon as it comes back.
+//!
 //! In a forked child, a folio that its parent was evicting at the fork is
 //! INHERITING until the eviction ends; it then becomes SWAPPED (sharing the
 //! parent's entries) or RESIDENT. GONE: unmapped, or no longer tracked (a
@@ -79,6 +89,9 @@ pub const EXTRA: u64 = 1 << 5;
 /// event does not tell apart. It stays counted; the reclaimer, which takes
 /// it first, finds out which (`reclaim::next_victim`).
 pub const GIVEN_UP: u64 = 1 << 6;
+/// Resident, refused by the store as incompressible with no swap file:
+/// write-protected and out of the reclaim queue until written (see above).
+pub const UNFIT: u64 = 1 << 7;
 const SLOT_SHIFT: u32 = 32;
 
 /// The state part of a word.

@@ -19,7 +19,10 @@
 //! kernel moves only inside one). A part of a folio the program gave up
 //! (REMOVE) before its discard keeps the folio in memory: a MADV_FREE looks
 //! like a MADV_DONTNEED, and a write after it keeps the pages. A folio the store
-//! refuses is unprotected and stays resident.
+//! refuses is unprotected and stays resident; one refused because it does
+//! not compress, with no swap file to take it raw, keeps its protection and
+//! leaves the queue until it is written (`folio::UNFIT`), , and the limit
+//! reclaim works to leaves it out (`Shared::reclaim_limit`).
 //!
 //! The copy-out goes through `process_vm_readv` rather than a plain memory
 //! copy so that a range the program unmapped or moved meanwhile is an error
@@ -37,7 +40,7 @@
 
 use super::events::{self, Outcome};
 use super::folio::{
-    self, ACTIVE, CLEAN, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNTOUCHED,
+    self, ACTIVE, CLEAN, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNFIT, UNTOUCHED,
 };
 use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN};
 use super::space::{RegionInner, Space};
@@ -88,7 +91,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             release_plug(shared, &mut plug);
             return;
         }
-        let over = shared.resident.load(Ordering::Acquire) > shared.memory_high();
+        let over = shared.resident.load(Ordering::Acquire) > shared.reclaim_limit();
         let pause_left = pace.backoff.saturating_sub(pace.refused_at.elapsed());
         let victim = if over && pause_left.is_zero() {
             next_victim(shared)
@@ -764,13 +767,20 @@ fn finish_folio(
                     .counters
                     .unevictable_folios
                     .fetch_add(1, Ordering::Relaxed);
+            } else if matches!(result, Err(StoreError::CompressPoor)) && was_protected {
+                // Compressed again, it would be refused again: it waits,
+                // write-protected, for its next change (`folio::UNFIT`).
+                f.set(RESIDENT | UNFIT);
+                shared.unfit.fetch_add(fs, Ordering::AcqRel);
+                shared.counters.unfit_folios.fetch_add(1, Ordering::Relaxed);
             } else {
                 f.set(RESIDENT);
                 shared.queue_for_reclaim(space.id, region.id, i);
             }
         }
     }
-    let resident = folio::state(f.load()) == RESIDENT;
+    let w = f.load();
+    let resident = folio::state(w) == RESIDENT && w & UNFIT == 0;
     drop(gate);
     let start = region.folio_addr(i);
     if resident && was_protected {
