@@ -1,5 +1,6 @@
 //! `uswap run` on real programs: C programs built here with the system
-//! compiler, run with and without uswap.
+//! compiler, and python3, sqlite3 and node on scripts, run with and without
+//! uswap.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
@@ -534,4 +535,79 @@ fn a_program_that_churns_its_memory_layout_reads_back_what_it_wrote() {
         assert!(c["evicted_folios"] > 0, "seed {seed}: {c:?}");
         assert!(c["discarded_by_move"] > 0, "seed {seed}: {c:?}");
     }
+}
+
+/// Runs `interpreter` on the script tests/programs/SCRIPT (given as its
+/// last argument, or on its standard input with `stdin`) alone, then under
+/// `uswap run --memory-high LIMIT`, and checks that the output is the same
+/// and that memory went out and came back. Returns the run's counters and
+/// stderr. The interpreters are on the machine image (`.ci/run` installs
+/// any that is missing); a missing one fails the test.
+fn interpreter_case(
+    interpreter: &str,
+    script: &str,
+    stdin: bool,
+    limit: &str,
+) -> (std::collections::HashMap<String, u64>, String) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{script}"));
+    let command = |cmd: &mut Command| {
+        cmd.arg(interpreter);
+        if stdin {
+            cmd.arg(":memory:")
+                .stdin(std::fs::File::open(&path).unwrap());
+        } else {
+            cmd.arg(&path);
+        }
+        run(cmd)
+    };
+    let alone = command(&mut Command::new("env"));
+    assert!(
+        alone.status.success(),
+        "{interpreter} alone: {:?}: {}",
+        alone.status,
+        text(&alone.stderr)
+    );
+    let stats = std::env::temp_dir().join(format!("uswap-{script}-{}.stats", std::process::id()));
+    let mut cmd = Command::new(USWAP);
+    cmd.args(["run", "--memory-high", limit, "--stats-file"])
+        .arg(&stats)
+        .arg("--");
+    let managed = command(&mut cmd);
+    let err = text(&managed.stderr);
+    assert!(managed.status.success(), "{:?}: {err}", managed.status);
+    assert_eq!(text(&managed.stdout), text(&alone.stdout), "{err}");
+    let c = counters(&stats);
+    std::fs::remove_file(&stats).unwrap();
+    assert!(c["zswpout"] > 0 && c["pgmajfault"] > 0, "{c:?}");
+    assert_eq!((c["sigbus"], c["decompress_fail"]), (0, 0), "{c:?}");
+    (c, err)
+}
+
+/// Python with dicts, lists and bytes, then a multiprocessing pool whose
+/// forked workers read the parent's memory (and copy it on write: every
+/// object read has its reference count written).
+#[test]
+fn python_with_forked_workers_prints_what_it_prints_alone() {
+    let (c, err) = interpreter_case("python3", "interp.py", false, "24M");
+    assert!(c["forks"] >= 4, "{c:?}");
+    assert_eq!(err, "");
+}
+
+/// sqlite3 with an in-memory database larger than its limit: inserts, an
+/// index, a join, aggregates, an update.
+#[test]
+fn sqlite_with_a_database_in_memory_prints_what_it_prints_alone() {
+    let (_, err) = interpreter_case("sqlite3", "interp.sql", true, "16M");
+    assert_eq!(err, "");
+}
+
+/// node with a worker thread, a Map of objects and 40 MiB that does not
+/// compress: that memory is tried once and then left in memory (there is
+/// no swap file), and the supervisor says so once at the end.
+#[test]
+fn node_with_a_worker_and_memory_that_does_not_compress_prints_what_it_prints_alone() {
+    let (c, err) = interpreter_case("node", "interp.js", false, "32M");
+    assert!(c["unfit_folios"] > 0, "{c:?}");
+    assert!(err.contains("did not compress"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
