@@ -48,9 +48,18 @@ struct Page {
 
 const NONE: u32 = u32::MAX;
 
+/// Page seeds are odd; one in four (bits 1 and 2 clear) fills its page
+/// with noise that does not compress (stored raw with a swap file, left
+/// UNFIT without one), the others with words that do.
 fn word(seed: u64, k: usize) -> u64 {
     if seed == 0 {
         0
+    } else if seed & 6 == 0 {
+        // splitmix64 of the word's place.
+        let mut z = seed.wrapping_add((k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     } else {
         seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(k as u64 * 0x2545_F491)
@@ -573,8 +582,11 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
         stats.clean_dropped,
         stats.discarded_by_move,
         stats.discarded_in_place,
-        (stats.evicted_folios, stats.pgmajfault, stats.forks, stats.partial_folio_events, stats.split_installs)
+        (stats.evicted_folios, stats.pgmajfault, stats.forks, stats.partial_folio_events, stats.split_installs, stats.unfit_folios)
     );
+    if !swap_file && folio == PAGE {
+        assert!(stats.unfit_folios > 0, "no folio was left UNFIT: {stats:?}");
+    }
     assert!(
         stats.evicted_folios > 0 && stats.pgmajfault > 0,
         "no pressure: {stats:?}"
@@ -600,6 +612,7 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
         common::eventually(|| rt.stats().children == 0),
         "forked children released"
     );
+    assert_eq!(rt.stats().unfit_bytes, 0, "UNFIT memory counted after it is gone");
     rt.store().drain_slot_caches();
     assert_eq!(rt.store().slots_in_use(), 0, "every slot is back");
     assert_eq!(

@@ -744,3 +744,54 @@ fn memory_that_does_not_compress_is_tried_once_until_written() {
         assert_eq!(rt.stats().store.decompress_fail, 0);
     });
 }
+
+/// An UNFIT folio that the program gives up whole (MADV_FREE) and writes
+/// again is queued for reclaim twice (once as changed, once first as given
+/// up): the second entry must not take it again behind the bookkeeping's
+/// back, or its bytes are counted UNFIT twice and the limit stays raised
+/// after the memory is gone.
+#[test]
+fn memory_that_does_not_compress_given_up_and_written_again_is_counted_once() {
+    within(Duration::from_secs(120), || {
+        let fs = 64 << 10;
+        let rt = runtime(MIB, fs, 8, false);
+        let noise = rt.map(2 * MIB).unwrap();
+        let data = rt.map(4 * MIB).unwrap();
+        let (n, d) = (Words::of(&noise), Words::of(&data));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let fill = |rng: &mut rand::rngs::StdRng| {
+            for i in 0..n.count {
+                n.write(i, rng.gen());
+            }
+        };
+        // Pressure from memory that compresses, so that the reclaimer goes
+        // through its queue.
+        let press = |round: u64| {
+            for r in 0..3 {
+                for p in 0..d.count / 512 {
+                    d.write(p * 512, p as u64 + round + r);
+                }
+            }
+        };
+        fill(&mut rng);
+        press(0);
+        assert!(rt.stats().unfit_bytes > 0, "{:?}", rt.stats());
+        for round in 1..4 {
+            // SAFETY: madvise over memory this test owns.
+            let r = unsafe {
+                libc::madvise(noise.as_ptr() as *mut libc::c_void, noise.len(), libc::MADV_FREE)
+            };
+            assert_eq!(r, 0);
+            fill(&mut rng);
+            press(round * 10);
+        }
+        let s = rt.stats();
+        assert!(s.unfit_bytes <= noise.len() as u64, "{s:?}");
+        drop(noise);
+        assert!(
+            eventually(|| rt.stats().unfit_bytes == 0),
+            "{:?}",
+            rt.stats()
+        );
+    });
+}

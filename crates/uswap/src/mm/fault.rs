@@ -701,7 +701,8 @@ fn serve_write_protected(
                 let (start, len) = (region.folio_addr(i), region.folio_size);
                 (unprotect_folio(space, start, len, page), Some((start, len)))
             } else {
-                // An event let it go meanwhile: decide again.
+                // Another fault server took it back meanwhile: decide
+                // again.
                 (Step::Again, None)
             }
         }

@@ -976,11 +976,20 @@ impl Shared {
     /// write-protected; a write finds that protection stale and lifts it.
     /// False if the folio is not UNFIT.
     pub(crate) fn requeue_unfit(&self, space: u32, region: &RegionInner, i: usize) -> bool {
+        if !self.forget_unfit(region, i) {
+            return false;
+        }
+        self.queue_for_reclaim(space, region.id, i);
+        true
+    }
+
+    /// Clears the UNFIT flag of folio `i` of `region`, and takes its bytes
+    /// off the UNFIT count. False if it was not UNFIT.
+    fn forget_unfit(&self, region: &RegionInner, i: usize) -> bool {
         if !region.folios[i].clear_flag(folio::UNFIT) {
             return false;
         }
         self.unfit.fetch_sub(region.folio_size, Ordering::AcqRel);
-        self.queue_for_reclaim(space, region.id, i);
         true
     }
 
@@ -1141,7 +1150,7 @@ impl Shared {
                         self.forget_clean_copy(region, i);
                     }
                     folio::RESIDENT if w & folio::UNFIT != 0 => {
-                        self.requeue_unfit(own.id, region, i);
+                        self.forget_unfit(region, i);
                     }
                     folio::RESIDENT => {
                         if f.transition(w, folio::GONE) {

@@ -21,7 +21,7 @@
 //! like a MADV_DONTNEED, and a write after it keeps the pages. A folio the store
 //! refuses is unprotected and stays resident; one refused because it does
 //! not compress, with no swap file to take it raw, keeps its protection and
-//! leaves the queue until it is written (`folio::UNFIT`), , and the limit
+//! leaves the queue until it is written (`folio::UNFIT`), and the limit
 //! reclaim works to leaves it out (`Shared::reclaim_limit`).
 //!
 //! The copy-out goes through `process_vm_readv` rather than a plain memory
@@ -228,7 +228,9 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         let _gate = shared.read_gate();
         let w = f.load();
         let state = folio::state(w);
-        if state != RESIDENT && state != CLEAN {
+        // An UNFIT folio leaves the queue; an entry of it is stale (the
+        // folio was queued twice, and is parked again since).
+        if state != RESIDENT && state != CLEAN || w & UNFIT != 0 {
             continue;
         }
         if w & GIVEN_UP != 0 {
@@ -770,8 +772,10 @@ fn finish_folio(
             } else if matches!(result, Err(StoreError::CompressPoor)) && was_protected {
                 // Compressed again, it would be refused again: it waits,
                 // write-protected, for its next change (`folio::UNFIT`).
-                f.set(RESIDENT | UNFIT);
+                // Counted before it is published: a fault server that sees
+                // the flag takes the bytes off again.
                 shared.unfit.fetch_add(fs, Ordering::AcqRel);
+                f.set(RESIDENT | UNFIT);
                 shared.counters.unfit_folios.fetch_add(1, Ordering::Relaxed);
             } else {
                 f.set(RESIDENT);

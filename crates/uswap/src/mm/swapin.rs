@@ -323,7 +323,7 @@ fn publish_settled(
             .resident
             .fetch_add(region.folio_size, Ordering::AcqRel);
         shared.queue_for_reclaim(space.id, region.id, i);
-        if shared.resident.load(Ordering::Relaxed) > shared.memory_high() {
+        if shared.resident.load(Ordering::Relaxed) > shared.reclaim_limit() {
             shared.kick_reclaim();
         }
     }
