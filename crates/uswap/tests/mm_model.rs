@@ -612,7 +612,11 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
         common::eventually(|| rt.stats().children == 0),
         "forked children released"
     );
-    assert_eq!(rt.stats().unfit_bytes, 0, "UNFIT memory counted after it is gone");
+    assert_eq!(
+        rt.stats().unfit_bytes,
+        0,
+        "UNFIT memory counted after it is gone"
+    );
     rt.store().drain_slot_caches();
     assert_eq!(rt.store().slots_in_use(), 0, "every slot is back");
     assert_eq!(

@@ -779,7 +779,11 @@ fn memory_that_does_not_compress_given_up_and_written_again_is_counted_once() {
         for round in 1..4 {
             // SAFETY: madvise over memory this test owns.
             let r = unsafe {
-                libc::madvise(noise.as_ptr() as *mut libc::c_void, noise.len(), libc::MADV_FREE)
+                libc::madvise(
+                    noise.as_ptr() as *mut libc::c_void,
+                    noise.len(),
+                    libc::MADV_FREE,
+                )
             };
             assert_eq!(r, 0);
             fill(&mut rng);

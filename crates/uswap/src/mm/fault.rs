@@ -24,8 +24,8 @@
 
 use super::events::{self, FollowUp};
 use super::folio::{
-    self, CLEAN, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNFIT, UNTOUCHED,
-    ZEROING,
+    self, CLEAN, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNFIT,
+    UNTOUCHED, ZEROING,
 };
 use super::space::{Owner, Space};
 use super::swapin::{self, Pass, Server, SwappedIn, Worker};
