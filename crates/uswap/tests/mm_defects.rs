@@ -1664,3 +1664,119 @@ fn a_resident_folio_written_after_madv_free_stays_counted() {
         assert!(d.iter().all(|&b| b == 0), "a dropped folio reads zeros");
     });
 }
+
+/// Found by `churn` under `uswap run` (1 run in about 60): another
+/// process's pages leave by a move its agent makes, after the reclaimer has
+/// let its gate go. Meanwhile the program unmapped the folio and mapped new
+/// memory at its address; the move was refused there (not "again"), and the
+/// reclaimer dropped in place what it took for pages that cannot move: the
+/// program's new memory, which then read as zeros. A refused move is now
+/// checked again under the settled gate before anything is dropped.
+///
+/// The process here is this one, attached with a userfaultfd of its own and
+/// a dropper whose first move does what the program did.
+#[test]
+fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use uswap::mm::memory::{Discarded, DropError, DropPages};
+    const NEW: u64 = 0xC0FF_EE00_0000_0000;
+    struct Remapper {
+        armed: AtomicBool,
+        remapped: Arc<std::sync::Mutex<Option<(usize, usize)>>>,
+    }
+    impl DropPages for Remapper {
+        fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
+            // SAFETY: a drop of this process's memory, as an agent makes it.
+            match unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } {
+                0 => Ok(()),
+                _ => Err(DropError::Failed(std::io::Error::last_os_error())),
+            }
+        }
+        fn move_out(&self, start: usize, len: usize) -> Discarded {
+            if self.armed.swap(false, Ordering::AcqRel) {
+                // SAFETY: the range is managed memory of this test; new
+                // memory goes exactly where it was.
+                unsafe {
+                    assert_eq!(libc::munmap(start as *mut libc::c_void, len), 0);
+                    let p = libc::mmap(
+                        start as *mut libc::c_void,
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                        -1,
+                        0,
+                    );
+                    assert_eq!(p as usize, start, "mapping new memory where the folio was");
+                    for k in 0..len / 8 {
+                        std::ptr::write_volatile((start as *mut u64).add(k), NEW + k as u64);
+                    }
+                }
+                *self.remapped.lock().unwrap() = Some((start, start + len));
+            }
+            // Refused for good: what is there is to be dropped in place.
+            Discarded {
+                bytes: 0,
+                again: false,
+            }
+        }
+    }
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: MIB,
+            folio_size: FOLIO,
+            max_pool_bytes: Some(64 << 20),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        // SAFETY: plain system calls; the descriptor is owned from here.
+        let uffd = unsafe {
+            OwnedFd::from_raw_fd(libc::syscall(
+                libc::SYS_userfaultfd,
+                libc::O_CLOEXEC | libc::O_NONBLOCK,
+            ) as i32)
+        };
+        let remapped = Arc::new(std::sync::Mutex::new(None));
+        let dropper = Remapper {
+            armed: AtomicBool::new(true),
+            remapped: remapped.clone(),
+        };
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let attached = rt.attach(uffd, pid, None, Box::new(dropper)).unwrap();
+        let len = 4 * MIB;
+        // A folio-aligned range of fresh anonymous memory.
+        // SAFETY: a new private mapping, trimmed to an aligned part.
+        let base = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len + FOLIO,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            (p as usize).next_multiple_of(FOLIO)
+        };
+        for addr in (base..base + len).step_by(8) {
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+        }
+        attached.manage(base, len).unwrap();
+        evict_to_limit(&rt);
+        let (at, end) = remapped
+            .lock()
+            .unwrap()
+            .unwrap_or_else(|| panic!("no move was asked for: {:?}", rt.stats()));
+        for (k, addr) in (at..end).step_by(8).enumerate() {
+            // SAFETY: the new memory the dropper mapped.
+            let v = unsafe { std::ptr::read_volatile(addr as *const u64) };
+            assert_eq!(v, NEW + k as u64, "the new memory at {addr:#x}");
+        }
+        // The rest of the range comes back whole.
+        check_range(base, base, at, "before the remapped run");
+        check_range(base, end, base + len, "after the remapped run");
+        assert_eq!(rt.stats().store.decompress_fail, 0);
+        drop(attached);
+    });
+}

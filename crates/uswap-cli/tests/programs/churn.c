@@ -71,9 +71,9 @@ static int check_piece(struct thread *t, int blk, int piece, const char *what) {
     for (size_t i = 0; i < PIECE / 8; i++) {
         uint64_t want = gen ? word(t->id, blk, piece, gen, i) : 0;
         if (w[i] != want) {
-            printf("churn BAD: thread %d block %d piece %d word %zu (%s): %#llx, want %#llx (gen %llu)\n",
-                   t->id, blk, piece, i, what, (unsigned long long)w[i], (unsigned long long)want,
-                   (unsigned long long)gen);
+            printf("churn BAD: thread %d block %d piece %d word %zu at %p (%s, pid %d): %#llx, want %#llx (gen %llu)\n",
+                   t->id, blk, piece, i, (void *)&w[i], what, (int)getpid(), (unsigned long long)w[i],
+                   (unsigned long long)want, (unsigned long long)gen);
             return 1;
         }
     }

@@ -437,6 +437,12 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         // answered other than "again" (another process's agent may have
         // moved pages and lost its answer), or a drop in place was made.
         let mut maybe_gone = false;
+        // Where a move was refused for good (what is there cannot move):
+        // dropped in place once the range is checked again. The refusal
+        // may come from memory the program mapped there while the gate was
+        // let go for the move (another process's pages move by its agent):
+        // the check finds the unmap event, and nothing is dropped.
+        let mut refused_at: Option<usize> = None;
         while at < end {
             // Under the settled gate every event up to now is applied and no
             // other is meanwhile: a move of the region since the flush began
@@ -486,6 +492,24 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 }
                 continue 'runs;
             }
+            if refused_at.take() == Some(at) {
+                // What cannot move (a page a forked child shares or
+                // something pinned, memory of other protection or locked),
+                // or all of it where nothing moves: dropped in place, up to
+                // the end of the piece. The drop waits for its event, which
+                // is read under the gate's write side.
+                drop(settled);
+                if drop_in_place(shared, space, memory, at, piece_end - at) {
+                    // The folios the piece covers (in part or whole).
+                    let fs = plug[first].region.folio_size;
+                    let lo = first + (at - start) / fs;
+                    let hi = first + (piece_end - start).div_ceil(fs);
+                    locked.push((lo, hi - lo));
+                }
+                at = piece_end;
+                piece_end = end;
+                continue;
+            }
             #[cfg(feature = "fault-injection")]
             {
                 shared.move_hold.stop_if_armed(|| true);
@@ -516,19 +540,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                     }
                 }
             }
-            // What cannot move (a page a forked child shares or something
-            // pinned, memory of other protection or locked), or all of it
-            // where nothing moves: dropped in place, up to the end of the
-            // piece.
-            if drop_in_place(shared, space, memory, at, piece_end - at) {
-                // The folios the piece covers (in part or whole).
-                let fs = plug[first].region.folio_size;
-                let lo = first + (at - start) / fs;
-                let hi = first + (piece_end - start).div_ceil(fs);
-                locked.push((lo, hi - lo));
-            }
-            at = piece_end;
-            piece_end = end;
+            refused_at = Some(at);
         }
     }
 
