@@ -27,9 +27,9 @@
 //! address space, hence the agent) through the program's descriptor into
 //! a scratch of its own, registered with that descriptor for write-protect
 //! faults only, and empties the scratch when it is full (unregistered
-//! meanwhile, so that the drop raises no event). Only pages that cannot
-//! move (shared with a forked child, or in a mapping of other protection)
-//! are dropped in place. The supervisor checks a range under its settled
+//! meanwhile, so that the drop raises no event). Pages shared with a
+//! forked child stay (the supervisor is told EBUSY); only pages in a
+//! mapping of other protection are dropped in place. The supervisor checks a range under its settled
 //! gate and lets the gate go before it asks, so the agent checks it again
 //! right before the move (see `move_out`); and the kernel refuses a move
 //! through the program's descriptor while one of its events is unread. The

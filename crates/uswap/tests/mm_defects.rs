@@ -1717,6 +1717,7 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
             Discarded {
                 bytes: 0,
                 again: false,
+                shared: false,
             }
         }
     }
@@ -1777,6 +1778,93 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
         check_range(base, base, at, "before the remapped run");
         check_range(base, end, base + len, "after the remapped run");
         assert_eq!(rt.stats().store.decompress_fail, 0);
+        drop(attached);
+    });
+}
+
+/// A move refused because a page is shared with another process (EBUSY: a
+/// forked child still maps it) leaves the run in memory: dropped in place,
+/// the page would not be freed while the child keeps it, and the drop's
+/// window could take memory the program maps there meanwhile (`churn`
+/// under `uswap run` read zeros that way). The folios stay resident and
+/// whole.
+#[test]
+fn a_run_with_a_page_shared_with_a_child_is_not_dropped_in_place() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use uswap::mm::memory::{Discarded, DropError, DropPages};
+    struct Shared {
+        drops: Arc<AtomicUsize>,
+    }
+    impl DropPages for Shared {
+        fn drop_pages(&self, _: usize, _: usize) -> Result<(), DropError> {
+            self.drops.fetch_add(1, Ordering::AcqRel);
+            Ok(())
+        }
+        fn move_out(&self, _: usize, _: usize) -> Discarded {
+            Discarded {
+                bytes: 0,
+                again: false,
+                shared: true,
+            }
+        }
+    }
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: MIB,
+            folio_size: FOLIO,
+            max_pool_bytes: Some(64 << 20),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        // SAFETY: plain system calls; the descriptor is owned from here.
+        let uffd = unsafe {
+            OwnedFd::from_raw_fd(libc::syscall(
+                libc::SYS_userfaultfd,
+                libc::O_CLOEXEC | libc::O_NONBLOCK,
+            ) as i32)
+        };
+        let drops = Arc::new(AtomicUsize::new(0));
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let attached = rt
+            .attach(
+                uffd,
+                pid,
+                None,
+                Box::new(Shared {
+                    drops: drops.clone(),
+                }),
+            )
+            .unwrap();
+        let len = 4 * MIB;
+        // SAFETY: a new private mapping, trimmed to an aligned part.
+        let base = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len + FOLIO,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            (p as usize).next_multiple_of(FOLIO)
+        };
+        for addr in (base..base + len).step_by(8) {
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+        }
+        attached.manage(base, len).unwrap();
+        rt.reclaim_now();
+        assert!(
+            eventually(|| rt.stats().discard_refused_shared > 0),
+            "{:?}",
+            rt.stats()
+        );
+        let s = rt.stats();
+        assert_eq!(drops.load(Ordering::Acquire), 0, "dropped in place: {s:?}");
+        assert_eq!((s.discarded_in_place, s.evicted_folios), (0, 0), "{s:?}");
+        check_range(base, base, base + len, "the shared runs");
         drop(attached);
     });
 }

@@ -559,7 +559,13 @@ fn clean_case(keep: bool) {
         assert!(stored < pages, "{stored} pages stored for {pages} evicted");
     } else {
         assert_eq!((s.clean_installs, s.clean_evictions), (0, 0));
-        assert!(stored >= pages, "{stored} pages stored for {pages} evicted");
+        // A plug in flight when the counts were first taken may have been
+        // stored before and counted evicted after.
+        let plug = (rt.config().compress_batchsize * fs / 4096) as u64;
+        assert!(
+            stored + plug >= pages,
+            "{stored} pages stored for {pages} evicted"
+        );
     }
     // One write per folio, the last read (resident, clean) first, then
     // everything out and back once more.
@@ -644,6 +650,7 @@ fn adopting_a_child_that_has_exited_finds_it_gone() {
             Discarded {
                 bytes: 0,
                 again: false,
+                shared: false,
             }
         }
     }

@@ -110,12 +110,14 @@ impl DropPages for AgentLink {
             return Discarded {
                 bytes: 0,
                 again: false,
+                shared: false,
             };
         };
         let bytes = (answer.moved as usize).min(len);
         Discarded {
             bytes,
             again: bytes == 0 && matches!(answer.errno, libc::EAGAIN | libc::ENOENT),
+            shared: bytes < len && answer.errno == libc::EBUSY,
         }
     }
 }

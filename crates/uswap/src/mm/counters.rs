@@ -74,9 +74,14 @@ counters! {
     /// `mm/scratch.rs`).
     discarded_by_move,
     /// Pages of stored folios dropped in place (MADV_DONTNEED, which raises
-    /// a REMOVE event): other processes' pages, and pages that could not
-    /// move (read-only or locked mappings, pinned pages).
+    /// a REMOVE event): other processes' pages where they cannot move, and
+    /// pages of read-only or locked mappings.
     discarded_in_place,
+    /// Pages of stored folios that stayed in memory because their move out
+    /// stopped at a page shared with another process (a forked child, KSM)
+    /// or pinned: dropped, it would not be freed while the other process
+    /// keeps it. The folios stay resident and are tried again later.
+    discard_refused_shared,
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.
     eviction_drop_failed,

@@ -176,6 +176,7 @@ impl Memory {
             Memory::Own { scratch: None, .. } | Memory::Remote { moves: false, .. } => Discarded {
                 bytes: 0,
                 again: false,
+                shared: false,
             },
             Memory::Remote { dropper, .. } => {
                 drop(settled);

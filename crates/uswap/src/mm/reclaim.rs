@@ -10,8 +10,9 @@
 //! stored with one `store_batch`, then discarded: moved out to a scratch
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
 //! process's pages by its agent, into a scratch of its own); what cannot
-//! move (pages of read-only or locked mappings, pages shared with a forked
-//! child, pinned pages) is dropped in place (MADV_DONTNEED). Adjacent folios
+//! move because it is of a read-only or locked mapping is dropped in place
+//! (MADV_DONTNEED), and a run that meets a page shared with a forked child
+//! (or pinned) stays, as a drop would not free it. Adjacent folios
 //! of the plug (sequential access makes them the rule) share one
 //! write-protect call and one move or MADV_DONTNEED, so the TLB flushes and
 //! the REMOVE event round trips are paid per run, not per folio; a run the
@@ -493,10 +494,9 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 continue 'runs;
             }
             if refused_at.take() == Some(at) {
-                // What cannot move (a page a forked child shares or
-                // something pinned, memory of other protection or locked),
-                // or all of it where nothing moves: dropped in place, up to
-                // the end of the piece. The drop waits for its event, which
+                // What cannot move (memory of other protection or
+                // locked), or all of it where nothing moves: dropped in
+                // place, up to the end of the piece. The drop waits for its event, which
                 // is read under the gate's write side.
                 drop(settled);
                 if drop_in_place(shared, space, memory, at, piece_end - at) {
@@ -515,19 +515,39 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 shared.move_hold.stop_if_armed(|| true);
                 shared.move_hold.over();
             }
-            let Discarded { bytes, again } = memory.discard_quietly(at, piece_end - at, settled);
+            let Discarded {
+                bytes,
+                again,
+                shared: busy,
+            } = memory.discard_quietly(at, piece_end - at, settled);
             shared
                 .counters
                 .discarded_by_move
                 .fetch_add((bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
             at += bytes;
-            maybe_gone |= bytes > 0 || !again;
+            maybe_gone |= bytes > 0 || !(again || busy);
             if again {
                 tries += 1;
                 std::thread::yield_now();
                 continue;
             }
             tries = 0;
+            if busy {
+                // A page shared with a forked child (or pinned): the rest
+                // of the run stays, as its finish decides (each folio keeps
+                // the copy of what left, or stays resident), and is tried
+                // again later. A drop would free nothing while the page is
+                // shared, and its window could take memory the program maps
+                // meanwhile.
+                shared
+                    .counters
+                    .discard_refused_shared
+                    .fetch_add(((end - at) / PAGE_SIZE) as u64, Ordering::Relaxed);
+                if !maybe_gone {
+                    void(&mut results);
+                }
+                continue 'runs;
+            }
             if at == piece_end {
                 piece_end = end;
                 continue;

@@ -43,8 +43,9 @@
 //! still shares, KSM merged or something pinned answers EBUSY, and a
 //! mapping of other protection (mprotect, mlock) EINVAL. (Pages shared with
 //! a forked child are rare here: the copy-out before the move pins them,
-//! and pinning gives the parent a copy of its own.) Whatever did not move
-//! is dropped in place as before, by the caller.
+//! and pinning gives the parent a copy of its own.) A page that answers
+//! EBUSY stays in memory (dropped, it would not be freed while it is
+//! shared); whatever else did not move is dropped in place, by the caller.
 
 use super::uffd::{Partial, Uffd, UffdError};
 use crate::page::PAGE_SIZE;
@@ -89,6 +90,12 @@ pub struct Discarded {
     /// checked): nothing moved; settle the events, check the range again,
     /// and ask again.
     pub again: bool,
+    /// The move stopped at a page that is not this address space's alone
+    /// (EBUSY: a forked child shares it, KSM merged it) or that is pinned.
+    /// It stays in memory: dropped, it would not be freed while the other
+    /// process keeps it (and a drop in place has a window, see
+    /// `mm/reclaim.rs`).
+    pub shared: bool,
 }
 
 impl Scratch {
@@ -153,6 +160,7 @@ impl Scratch {
                 return Discarded {
                     bytes: 0,
                     again: false,
+                    shared: false,
                 };
             };
             if at + len > SCRATCH_LEN {
@@ -161,8 +169,8 @@ impl Scratch {
                 continue;
             }
             let result = self.uffd.move_pages(self.base + at, start, len);
-            let (moved, again) = match result {
-                Ok(()) => (len, false),
+            let (moved, again, shared) = match result {
+                Ok(()) => (len, false, false),
                 // An event came in since the settled probe, or nothing is
                 // mapped at the start: a hole the program unmapped (the
                 // probe passes over holes), perhaps with its event still
@@ -171,7 +179,7 @@ impl Scratch {
                 Err(Partial {
                     filled: 0,
                     error: UffdError::Again | UffdError::NoMapping,
-                }) => (0, true),
+                }) => (0, true, false),
                 Err(Partial {
                     filled: 0,
                     error: UffdError::Exists | UffdError::Os(_),
@@ -185,15 +193,20 @@ impl Scratch {
                     emptied = true;
                     continue;
                 }
+                Err(Partial {
+                    filled: n,
+                    error: UffdError::Busy,
+                }) => (n / PAGE_SIZE * PAGE_SIZE, false, true),
                 // Not movable (or not all of it): the caller's drop in place
                 // deals with the rest, as it always did.
-                Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false),
+                Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false, false),
             };
             // The next move goes after what this one left.
             state.filled = Some(at + moved);
             return Discarded {
                 bytes: moved,
                 again,
+                shared,
             };
         }
     }

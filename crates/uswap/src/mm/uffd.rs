@@ -10,7 +10,7 @@
 //! | `EAGAIN` | [`UffdError::Again`]       | the mapping is changing: read events, retry   |
 //! | `ENOENT` | [`UffdError::NoMapping`]   | no registered mapping covers the whole range  |
 //! | `ESRCH`  | [`UffdError::ProcessGone`] | the address space has exited (or exec'd)      |
-//! | `EBUSY`  | [`UffdError::Busy`]        | a page cannot move (shared, pinned): drop it  |
+//! | `EBUSY`  | [`UffdError::Busy`]        | a page cannot move (shared, pinned): keep it  |
 //! | other    | [`UffdError::Os`]          | a bug or an unsupported kernel: fail loudly   |
 //!
 //! A descriptor acts on the address space that created it, whoever calls the
