@@ -1665,6 +1665,53 @@ fn a_resident_folio_written_after_madv_free_stays_counted() {
     });
 }
 
+/// This process attached to a new runtime (1 MiB limit, 64 KiB folios)
+/// with a userfaultfd of its own and `dropper`, managing 4 MiB of fresh
+/// memory filled with the pattern: its pages are discarded through the
+/// dropper, as another process's through its agent.
+fn attached_self(
+    dropper: Box<dyn uswap::mm::memory::DropPages>,
+) -> (Runtime, uswap::mm::Attached, usize, usize) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: MIB,
+        folio_size: FOLIO,
+        max_pool_bytes: Some(64 << 20),
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    // SAFETY: plain system calls; the descriptor is owned from here.
+    let uffd = unsafe {
+        OwnedFd::from_raw_fd(libc::syscall(
+            libc::SYS_userfaultfd,
+            libc::O_CLOEXEC | libc::O_NONBLOCK,
+        ) as i32)
+    };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let attached = rt.attach(uffd, pid, None, dropper).unwrap();
+    let len = 4 * MIB;
+    // SAFETY: a new private mapping, trimmed to an aligned part.
+    let base = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len + FOLIO,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        (p as usize).next_multiple_of(FOLIO)
+    };
+    for addr in (base..base + len).step_by(8) {
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+    }
+    attached.manage(base, len).unwrap();
+    (rt, attached, base, len)
+}
+
 /// Found by `churn` under `uswap run` (1 run in about 60): another
 /// process's pages leave by a move its agent makes, after the reclaimer has
 /// let its gate go. Meanwhile the program unmapped the folio and mapped new
@@ -1677,7 +1724,6 @@ fn a_resident_folio_written_after_madv_free_stays_counted() {
 /// a dropper whose first move does what the program did.
 #[test]
 fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     use uswap::mm::memory::{Discarded, DropError, DropPages};
     const NEW: u64 = 0xC0FF_EE00_0000_0000;
     struct Remapper {
@@ -1722,48 +1768,12 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
         }
     }
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: MIB,
-            folio_size: FOLIO,
-            max_pool_bytes: Some(64 << 20),
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        // SAFETY: plain system calls; the descriptor is owned from here.
-        let uffd = unsafe {
-            OwnedFd::from_raw_fd(libc::syscall(
-                libc::SYS_userfaultfd,
-                libc::O_CLOEXEC | libc::O_NONBLOCK,
-            ) as i32)
-        };
         let remapped = Arc::new(std::sync::Mutex::new(None));
         let dropper = Remapper {
             armed: AtomicBool::new(true),
             remapped: remapped.clone(),
         };
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() };
-        let attached = rt.attach(uffd, pid, None, Box::new(dropper)).unwrap();
-        let len = 4 * MIB;
-        // A folio-aligned range of fresh anonymous memory.
-        // SAFETY: a new private mapping, trimmed to an aligned part.
-        let base = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len + FOLIO,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            (p as usize).next_multiple_of(FOLIO)
-        };
-        for addr in (base..base + len).step_by(8) {
-            // SAFETY: inside the mapping.
-            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
-        }
-        attached.manage(base, len).unwrap();
+        let (rt, attached, base, len) = attached_self(Box::new(dropper));
         evict_to_limit(&rt);
         let (at, end) = remapped
             .lock()
@@ -1790,7 +1800,6 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
 /// whole.
 #[test]
 fn a_run_with_a_page_shared_with_a_child_is_not_dropped_in_place() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     use uswap::mm::memory::{Discarded, DropError, DropPages};
     struct Shared {
         drops: Arc<AtomicUsize>,
@@ -1809,52 +1818,11 @@ fn a_run_with_a_page_shared_with_a_child_is_not_dropped_in_place() {
         }
     }
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: MIB,
-            folio_size: FOLIO,
-            max_pool_bytes: Some(64 << 20),
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        // SAFETY: plain system calls; the descriptor is owned from here.
-        let uffd = unsafe {
-            OwnedFd::from_raw_fd(libc::syscall(
-                libc::SYS_userfaultfd,
-                libc::O_CLOEXEC | libc::O_NONBLOCK,
-            ) as i32)
-        };
         let drops = Arc::new(AtomicUsize::new(0));
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() };
-        let attached = rt
-            .attach(
-                uffd,
-                pid,
-                None,
-                Box::new(Shared {
-                    drops: drops.clone(),
-                }),
-            )
-            .unwrap();
-        let len = 4 * MIB;
-        // SAFETY: a new private mapping, trimmed to an aligned part.
-        let base = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len + FOLIO,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            (p as usize).next_multiple_of(FOLIO)
+        let dropper = Shared {
+            drops: drops.clone(),
         };
-        for addr in (base..base + len).step_by(8) {
-            // SAFETY: inside the mapping.
-            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
-        }
-        attached.manage(base, len).unwrap();
+        let (rt, attached, base, len) = attached_self(Box::new(dropper));
         rt.reclaim_now();
         assert!(
             eventually(|| rt.stats().discard_refused_shared > 0),

@@ -112,9 +112,10 @@ impl Runtime {
                     ))
                 }
             })?;
+        // Released meanwhile: it exited or exec'd (gone, like above).
         let space = shared
             .space(id)
-            .ok_or_else(|| io::Error::other(format!("process {pid} is gone")))?;
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
         let memory = Memory::remote(
             pid,
             dropper,
