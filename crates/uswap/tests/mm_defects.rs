@@ -520,21 +520,27 @@ fn a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus() {
     );
 }
 
-fn give_back_child() {
-    let len = 4 * MIB;
-    // SAFETY: a fresh private anonymous mapping, aligned by over-mapping.
-    let base = unsafe {
-        let p = libc::mmap(
+/// A fresh private anonymous mapping of `len` bytes (and a folio more,
+/// left unused) whose returned start is folio-aligned.
+fn folio_aligned_mapping(len: usize) -> usize {
+    // SAFETY: a new mapping; nothing else refers to it.
+    let p = unsafe {
+        libc::mmap(
             std::ptr::null_mut(),
             len + FOLIO,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        (p as usize).next_multiple_of(FOLIO)
+        )
     };
+    assert_ne!(p, libc::MAP_FAILED);
+    (p as usize).next_multiple_of(FOLIO)
+}
+
+fn give_back_child() {
+    let len = 4 * MIB;
+    let base = folio_aligned_mapping(len);
     let words = Words {
         base,
         count: len / 8,
@@ -1691,19 +1697,7 @@ fn attached_self(
     let pid = unsafe { libc::getpid() };
     let attached = rt.attach(uffd, pid, None, dropper).unwrap();
     let len = 4 * MIB;
-    // SAFETY: a new private mapping, trimmed to an aligned part.
-    let base = unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len + FOLIO,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        (p as usize).next_multiple_of(FOLIO)
-    };
+    let base = folio_aligned_mapping(len);
     for addr in (base..base + len).step_by(8) {
         // SAFETY: inside the mapping.
         unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
