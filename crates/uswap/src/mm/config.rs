@@ -71,6 +71,17 @@ pub struct RuntimeConfig {
     /// kernel keeps a swapped-in page's swap slot the same way while swap
     /// is not full). The first write costs a write-protect fault.
     pub keep_clean_copies: bool,
+    /// How long the reclaimer leaves what is still in memory of a folio the
+    /// program dropped pages of (a REMOVE event: MADV_DONTNEED or
+    /// MADV_FREE) before it evicts it. The kernel zaps a MADV_DONTNEED's
+    /// pages only after the event is read, once the madvise has the address
+    /// space's lock again, and nothing tells when it has: evicted before,
+    /// the pages would be stored with their old bytes where the program
+    /// must read zeros. Pages the program gave up with MADV_FREE and wrote
+    /// again look the same and are evicted once the grace is over. Default
+    /// 100 ms: a scheduler's worth of delays on a busy machine, many times
+    /// the zap itself.
+    pub drop_grace: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -95,6 +106,7 @@ impl Default for RuntimeConfig {
             discard_by_move: true,
             layout: Layout::PerPage,
             keep_clean_copies: true,
+            drop_grace: Duration::from_millis(100),
         }
     }
 }

@@ -14,17 +14,19 @@
 //!
 //! | state      | dropped (REMOVE)         | unmapped (UNMAP)          | moved away in part (REMAP)   |
 //! |------------|--------------------------|---------------------------|------------------------------|
-//! | RESIDENT   | whole: GIVEN_UP (1)      | GONE                      | GONE (pages moved with it)   |
+//! | RESIDENT   | DROPPED; whole: also GIVEN_UP (1) | GONE             | GONE (pages moved with it)   |
 //! | SWAPPED    | whole: UNTOUCHED, freed; part: extras | whole: GONE, freed; part: extras | LOADING + follow-up swap-in |
 //! | busy       | extras                   | extras                    | extras                       |
 //!
 //! ("extras": recorded for the folio's owner or its next swap-in, see
-//! [`super::space`]. (1): flagged, still counted, and first in line for the
-//! reclaimer, which makes it UNTOUCHED if its pages are gone, see
-//! [`folio::GIVEN_UP`]; in a space not evicted from, UNTOUCHED at once.) A CLEAN folio first drops its stored copy and is
-//! RESIDENT for every event, fork included: what the program does to its
-//! memory may make the copy wrong, and events are rare enough not to be
-//! worth telling apart.
+//! [`super::space`]. DROPPED: not evicted until its pages are gone or a
+//! grace is over, see [`folio::DROPPED`]; only where the reclaimer evicts.
+//! (1): flagged, still counted, and first in line for the reclaimer, which
+//! makes it UNTOUCHED once its pages are gone, see [`folio::GIVEN_UP`]; in
+//! a space not evicted from, UNTOUCHED at once.) A CLEAN folio first drops
+//! its stored copy and is RESIDENT for every event, fork included: what the
+//! program does to its memory may make the copy wrong, and events are rare
+//! enough not to be worth telling apart.
 
 use super::folio::{
     self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
@@ -101,16 +103,18 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 .fetch_add(1, Ordering::Relaxed);
         }
         match folio::state(w) {
-            // Its pages may still be there (see `folio::GIVEN_UP`).
+            // Its pages may still be there (see `folio::GIVEN_UP`), and the
+            // kernel has yet to zap them (`folio::DROPPED`).
             RESIDENT if hi - lo == pages && space.is_evicted() => {
-                f.set_flag(folio::GIVEN_UP);
+                f.set(folio::dropped_at(w | folio::GIVEN_UP, shared.now_ms()));
                 shared.queue_for_reclaim_first(space.id, region.id, i);
             }
             RESIDENT if hi - lo == pages => {
                 f.set(UNTOUCHED);
                 space.take_extras(&region, i);
             }
-            // The zap leaves holes that read as zero.
+            // The zap leaves holes that read as zero, once it has come.
+            RESIDENT if space.is_evicted() => f.set(folio::dropped_at(w, shared.now_ms())),
             RESIDENT => {}
             SWAPPED => {
                 space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));

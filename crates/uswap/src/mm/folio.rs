@@ -50,8 +50,18 @@
 //! [`super::space`]) and sets [`EXTRA`]; the owner applies them when it
 //! finishes.
 //!
-//! Word layout: bits 0..4 state, 4..8 flags, 32..64 the first swap slot
-//! (SWAPPED, LOADING and CLEAN).
+//! A resident folio the program dropped pages of (a REMOVE event) is
+//! [`DROPPED`] for a while (`RuntimeConfig::drop_grace`): the kernel zaps a
+//! MADV_DONTNEED's pages only after the event is read, when the madvise has
+//! the address space's lock again, and a folio evicted before that would be
+//! stored with the old bytes of pages that must read as zero. The reclaimer
+//! passes over it until its pages are gone or the grace is over; what is
+//! still there then was given up with MADV_FREE (and perhaps written
+//! again), and is evicted as any other page.
+//!
+//! Word layout: bits 0..4 state, 4..9 flags, 32..64 the first swap slot
+//! (SWAPPED, LOADING and CLEAN) or, for a DROPPED folio, when it was
+//! dropped (milliseconds of the runtime's clock).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -87,12 +97,17 @@ pub const EXTRA: u64 = 1 << 5;
 /// it): its pages are gone (MADV_DONTNEED), or stay until the kernel needs
 /// them and keep their bytes if written again first (MADV_FREE), which the
 /// event does not tell apart. It stays counted; the reclaimer, which takes
-/// it first, finds out which (`reclaim::next_victim`).
+/// it first, finds out which (`reclaim::next_victim`). Always DROPPED too.
 pub const GIVEN_UP: u64 = 1 << 6;
 /// Resident, refused by the store as incompressible with no swap file:
 /// write-protected and out of the reclaim queue until written (see above).
 pub const UNFIT: u64 = 1 << 7;
+/// Resident, and the program dropped pages of it (a REMOVE event) at the
+/// time the upper half of the word holds ([`dropped_ms`]): its pages may
+/// still be about to be zapped (see above).
+pub const DROPPED: u64 = 1 << 8;
 const SLOT_SHIFT: u32 = 32;
+const LOW_HALF: u64 = (1 << SLOT_SHIFT) - 1;
 
 /// The state part of a word.
 pub fn state(word: u64) -> u64 {
@@ -107,6 +122,21 @@ pub fn slot(word: u64) -> u32 {
 /// A word in `state` holding `first_slot`.
 pub fn with_slot(state: u64, first_slot: u32) -> u64 {
     state | (first_slot as u64) << SLOT_SHIFT
+}
+
+/// A resident `word` marked DROPPED at `ms` of the runtime's clock.
+pub fn dropped_at(word: u64, ms: u32) -> u64 {
+    (word & LOW_HALF) | DROPPED | (ms as u64) << SLOT_SHIFT
+}
+
+/// When a DROPPED word was dropped.
+pub fn dropped_ms(word: u64) -> u32 {
+    (word >> SLOT_SHIFT) as u32
+}
+
+/// A DROPPED word without the mark (nor GIVEN_UP, which comes with it).
+pub fn undropped(word: u64) -> u64 {
+    word & LOW_HALF & !(DROPPED | GIVEN_UP)
 }
 
 /// One folio's word.

@@ -144,6 +144,8 @@ pub(crate) struct Shared {
     pub fifo: Mutex<VecDeque<FolioRef>>,
     /// Workingset clock: folios evicted so far.
     pub evictions: AtomicU32,
+    /// The runtime's clock starts here (see [`Shared::now_ms`]).
+    started_at: std::time::Instant,
     pub reclaim_signal: (Mutex<bool>, Condvar),
     /// Notified after every reclaim batch (throttled faults wait on it).
     pub reclaimed: (Mutex<()>, Condvar),
@@ -344,6 +346,7 @@ impl Runtime {
             memory_high: AtomicUsize::new(config.memory_high),
             fifo: Mutex::new(VecDeque::new()),
             evictions: AtomicU32::new(0),
+            started_at: std::time::Instant::now(),
             reclaim_signal: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(()), Condvar::new()),
             reclaim_stuck: AtomicBool::new(false),
@@ -646,6 +649,30 @@ impl Runtime {
         self.shared.move_hold.release();
     }
 
+    /// Tests: a MADV_DONTNEED of `addr..addr + len` (the runtime's own
+    /// memory) whose zap comes late. The REMOVE event is applied as the
+    /// event thread would apply it, then `meanwhile` runs, then the pages
+    /// are zapped without an event. The kernel zaps only after the event
+    /// has been read, once the madvise has the address space's lock again,
+    /// which a busy machine can delay; no user-space call can hold it there,
+    /// so this plays the kernel's part.
+    #[cfg(feature = "fault-injection")]
+    pub fn drop_with_late_zap(&self, addr: *mut u8, len: usize, meanwhile: impl FnOnce()) {
+        let space = self.shared.own_space();
+        let start = addr as usize;
+        {
+            let _gate = self.shared.write_gate();
+            events::on_remove(&self.shared, &space, start, start + len);
+        }
+        meanwhile();
+        space.uffd.unregister(start, len).expect("unregistering");
+        // SAFETY: the caller's own managed memory, unregistered above so
+        // that the drop raises no event.
+        let r = unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTNEED) };
+        assert_eq!(r, 0, "zapping {start:#x}+{len:#x}");
+        space.uffd.register(start, len).expect("registering again");
+    }
+
     /// Tests: once the reclaimer's next drop in place has raised its event,
     /// the event thread leaves it unread until [`Runtime::release_events`]:
     /// the drop waits inside its madvise, with the mapping's lock let go,
@@ -816,6 +843,20 @@ impl Shared {
             self.unfit.load(Ordering::Relaxed) as u64,
             children,
         )
+    }
+
+    /// Milliseconds since the runtime started, wrapping after 49 days: the
+    /// time a folio was dropped (`folio::DROPPED`), which only ever is
+    /// compared with a time less than `drop_grace` before.
+    pub fn now_ms(&self) -> u32 {
+        self.started_at.elapsed().as_millis() as u32
+    }
+
+    /// Whether a folio dropped at `word`'s time is still in its grace
+    /// (`RuntimeConfig::drop_grace`).
+    pub fn in_drop_grace(&self, word: u64) -> bool {
+        let since = self.now_ms().wrapping_sub(folio::dropped_ms(word));
+        u128::from(since) < self.config.drop_grace.as_millis()
     }
 
     /// The runtime's own address space.

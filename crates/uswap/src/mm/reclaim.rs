@@ -41,7 +41,8 @@
 
 use super::events::{self, Outcome};
 use super::folio::{
-    self, ACTIVE, CLEAN, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNFIT, UNTOUCHED,
+    self, ACTIVE, CLEAN, DROPPED, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNFIT,
+    UNTOUCHED,
 };
 use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN};
 use super::space::{RegionInner, Space};
@@ -206,8 +207,12 @@ fn flush_and_pace(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>
     shared.reclaimed.1.notify_all();
 }
 
-/// Pops folios until one can be taken for eviction (state EVICTING).
+/// Pops folios until one can be taken for eviction (state EVICTING). None
+/// once the queue is empty, or once every folio in it has been passed over
+/// because it is in its grace after a drop (`folio::DROPPED`).
 fn next_victim(shared: &Shared) -> Option<Victim> {
+    let queued = shared.fifo.lock().expect("fifo lock").len();
+    let mut passed_over = 0;
     loop {
         let FolioRef {
             space,
@@ -227,22 +232,22 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         // setting a new one, which must not land on a folio taken for
         // eviction in between.
         let _gate = shared.read_gate();
-        let w = f.load();
+        let mut w = f.load();
         let state = folio::state(w);
         // An UNFIT folio leaves the queue; an entry of it is stale (the
         // folio was queued twice, and is parked again since).
         if state != RESIDENT && state != CLEAN || w & UNFIT != 0 {
             continue;
         }
-        if w & GIVEN_UP != 0 {
-            // Given up whole: untouched if its pages are gone, evicted as
-            // any other if they are still there (MADV_FREE, written
-            // again). A page a fault puts in meanwhile is counted again
-            // with the folio's next touch (its zero fill skips it).
-            let gone = space.memory.get().is_some_and(|m| {
-                m.present_pages(region.folio_addr(i), region.folio_size)
-                    .is_empty()
-            });
+        if w & DROPPED != 0 {
+            // Given up whole, and its pages are gone: untouched. A page a
+            // fault puts in meanwhile is counted again with the folio's
+            // next touch (its zero fill skips it).
+            let gone = w & GIVEN_UP != 0
+                && space.memory.get().is_some_and(|m| {
+                    m.present_pages(region.folio_addr(i), region.folio_size)
+                        .is_empty()
+                });
             if gone && f.transition(w, UNTOUCHED) {
                 space.take_extras(&region, i);
                 shared
@@ -250,10 +255,19 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
                     .fetch_sub(region.folio_size, Ordering::AcqRel);
                 continue;
             }
-            // Taken again at once, as any resident folio.
-            f.clear_flag(GIVEN_UP);
-            shared.queue_for_reclaim_first(space.id, region.id, i);
-            continue;
+            // Its pages may still be about to be zapped: passed over for
+            // now. Once the grace is over, what is still there is the
+            // program's (MADV_FREE, perhaps written again), evicted as any
+            // other page.
+            if gone || shared.in_drop_grace(w) || !f.transition(w, folio::undropped(w)) {
+                shared.queue_for_reclaim(space.id, region.id, i);
+                passed_over += 1;
+                if passed_over > queued {
+                    return None;
+                }
+                continue;
+            }
+            w = folio::undropped(w);
         }
         if w & ACTIVE != 0 {
             f.clear_flag(ACTIVE);
@@ -810,7 +824,12 @@ fn finish_folio(
                 f.set(RESIDENT | UNFIT);
                 shared.counters.unfit_folios.fetch_add(1, Ordering::Relaxed);
             } else {
-                f.set(RESIDENT);
+                // Dropped in part meanwhile: the zap may be yet to come.
+                f.set(if extras.removed.is_empty() {
+                    RESIDENT
+                } else {
+                    folio::dropped_at(RESIDENT, shared.now_ms())
+                });
                 shared.queue_for_reclaim(space.id, region.id, i);
             }
         }

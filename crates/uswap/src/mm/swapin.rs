@@ -312,12 +312,15 @@ fn publish_settled(
         Some(slot) if resident && whole => Some(folio::with_slot(CLEAN, slot)),
         _ => None,
     };
-    let settled = clean.unwrap_or(state);
-    region.folios[i].set(if resident && active {
-        settled | ACTIVE
-    } else {
-        settled
-    });
+    let mut settled = clean.unwrap_or(state);
+    if resident && active {
+        settled |= ACTIVE;
+    }
+    if resident && !extras.removed.is_empty() {
+        // Pages installed before the drop's event may be yet to be zapped.
+        settled = folio::dropped_at(settled, shared.now_ms());
+    }
+    region.folios[i].set(settled);
     if resident {
         shared
             .resident
