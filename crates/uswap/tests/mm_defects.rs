@@ -1638,12 +1638,22 @@ fn a_whole_folio_written_after_madv_free_while_evicting_stays_counted() {
 /// again keeps its pages and bytes; it was taken out of the count (as if
 /// dropped) and never evicted again: memory the limit no longer saw. Given
 /// up with MADV_DONTNEED instead, it leaves the count once the reclaimer
-/// finds its pages gone. With a third folio untouched by either, one folio
-/// must be evicted to meet a limit of one: the written one still counts.
+/// finds its pages gone. With no grace after a drop (`drop_grace`), the
+/// written folio is the first evicted to meet a limit of one folio (a
+/// third is left alone), and comes back with what was written.
 #[test]
 fn a_resident_folio_written_after_madv_free_stays_counted() {
     within(Duration::from_secs(60), || {
-        let (rt, _region, base, _len) = filled_region(FOLIO, 3, true);
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: FOLIO,
+            drop_grace: Duration::ZERO,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let region = rt.map(3 * FOLIO).unwrap();
+        let base = region.as_ptr() as usize;
+        fill_with_expect(&region);
         let (freed, dropped, other) = (base, base + FOLIO, base + 2 * FOLIO);
         // SAFETY: the test's own region; MADV_FREE keeps it mapped.
         unsafe {
@@ -1657,10 +1667,9 @@ fn a_resident_folio_written_after_madv_free_stays_counted() {
         assert_eq!(rt.stats().resident_bytes as usize, 3 * FOLIO);
         rt.set_memory_high(FOLIO);
         assert!(
-            eventually(|| {
-                let s = rt.stats();
-                s.resident_bytes as usize == FOLIO && s.evicted_folios == 1
-            }),
+            eventually(
+                || rt.is_swapped(freed as *const u8) && rt.stats().resident_bytes as usize <= FOLIO
+            ),
             "{:?}",
             rt.stats()
         );
@@ -1851,7 +1860,22 @@ fn a_run_with_a_page_shared_with_a_child_is_not_dropped_in_place() {
 /// still there of it is evicted.
 #[test]
 fn a_dropped_folio_is_not_evicted_before_the_kernel_zaps_it() {
-    within(Duration::from_secs(60), || {
+    dropped_then_zapped_late(0, FOLIO);
+}
+
+/// The same with half a folio dropped: the folio is evicted whole, and the
+/// half dropped must read zeros.
+#[test]
+fn a_folio_dropped_in_part_is_not_evicted_before_the_kernel_zaps_it() {
+    dropped_then_zapped_late(FOLIO / 2, FOLIO / 2);
+}
+
+/// Four folios filled with `expect`; `len` bytes at `offset` into the
+/// second are dropped, and the reclaimer brings memory down to one folio
+/// before the kernel zaps them (`Runtime::drop_with_late_zap`). The
+/// dropped bytes must read zeros, the rest their pattern.
+fn dropped_then_zapped_late(offset: usize, len: usize) {
+    within(Duration::from_secs(60), move || {
         // A grace no busy test machine outlasts: here the zap comes only
         // when the test says.
         let rt = Runtime::new(RuntimeConfig {
@@ -1862,19 +1886,26 @@ fn a_dropped_folio_is_not_evicted_before_the_kernel_zaps_it() {
         })
         .unwrap();
         let region = rt.map(4 * FOLIO).unwrap();
-        let (base, len) = (region.as_ptr() as usize, 4 * FOLIO);
+        let (base, size) = (region.as_ptr() as usize, 4 * FOLIO);
         fill_with_expect(&region);
-        let dropped = base + FOLIO;
-        rt.drop_with_late_zap(dropped as *mut u8, FOLIO, || {
-            rt.set_memory_high(len - FOLIO);
+        let folio = base + FOLIO;
+        let dropped = folio + offset;
+        rt.drop_with_late_zap(dropped as *mut u8, len, || {
+            rt.set_memory_high(FOLIO);
             evict_to_limit(&rt);
+            let s = rt.stats();
+            assert!(s.evicted_folios >= 1, "nothing was evicted: {s:?}");
+            assert!(
+                !rt.is_swapped(folio as *const u8),
+                "evicted before the zap: {s:?}"
+            );
         });
         rt.set_memory_high(16 * MIB);
         // SAFETY: the test's own region.
-        let bytes = unsafe { std::slice::from_raw_parts(dropped as *const u8, FOLIO) };
+        let bytes = unsafe { std::slice::from_raw_parts(dropped as *const u8, len) };
         let old = bytes.iter().filter(|&&b| b != 0).count();
-        assert_eq!(old, 0, "{old} bytes of a dropped folio read their old value");
-        check_range(base, base, dropped, "before the dropped folio");
-        check_range(base, dropped + FOLIO, base + len, "after the dropped folio");
+        assert_eq!(old, 0, "{old} bytes dropped read their old value");
+        check_range(base, base, dropped, "before the dropped bytes");
+        check_range(base, dropped + len, base + size, "after the dropped bytes");
     });
 }

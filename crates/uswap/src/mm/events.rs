@@ -19,11 +19,11 @@
 //! | busy       | extras                   | extras                    | extras                       |
 //!
 //! ("extras": recorded for the folio's owner or its next swap-in, see
-//! [`super::space`]. DROPPED: not evicted until its pages are gone or a
-//! grace is over, see [`folio::DROPPED`]; only where the reclaimer evicts.
-//! (1): flagged, still counted, and first in line for the reclaimer, which
-//! makes it UNTOUCHED once its pages are gone, see [`folio::GIVEN_UP`]; in
-//! a space not evicted from, UNTOUCHED at once.) A CLEAN folio first drops
+//! [`super::space`]. DROPPED: not evicted until a grace is over, see
+//! [`folio::DROPPED`]. (1): flagged, still counted, and first in line for
+//! the reclaimer, which makes it UNTOUCHED as soon as its pages are gone,
+//! see [`folio::GIVEN_UP`]; in a space not evicted from, UNTOUCHED at
+//! once.) A CLEAN folio first drops
 //! its stored copy and is RESIDENT for every event, fork included: what the
 //! program does to its memory may make the copy wrong, and events are rare
 //! enough not to be worth telling apart.
@@ -113,9 +113,10 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 f.set(UNTOUCHED);
                 space.take_extras(&region, i);
             }
-            // The zap leaves holes that read as zero, once it has come.
-            RESIDENT if space.is_evicted() => f.set(folio::dropped_at(w, shared.now_ms())),
-            RESIDENT => {}
+            // The zap leaves holes that read as zero, once it has come
+            // (marked in any space: one not evicted from may be adopted
+            // before the zap).
+            RESIDENT => f.set(folio::dropped_at(w, shared.now_ms())),
             SWAPPED => {
                 space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
                 let x = space.extras_of(&region, i, f.load());
@@ -397,7 +398,7 @@ pub(crate) fn resolve_inheritors(
                 if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
                     GONE
                 } else {
-                    RESIDENT
+                    super::reclaim::dropped_meanwhile(shared, &extras, RESIDENT)
                 }
             }
             // Nothing to install anywhere: the child is gone, or every page
@@ -433,7 +434,7 @@ pub(crate) fn resolve_inheritors(
             }
         };
         f.set(next);
-        if next == RESIDENT && child.is_evicted() {
+        if folio::state(next) == RESIDENT && child.is_evicted() {
             // An adopted child's resident memory counts (see
             // `Runtime::adopt`).
             shared

@@ -55,9 +55,9 @@
 //! MADV_DONTNEED's pages only after the event is read, when the madvise has
 //! the address space's lock again, and a folio evicted before that would be
 //! stored with the old bytes of pages that must read as zero. The reclaimer
-//! passes over it until its pages are gone or the grace is over; what is
-//! still there then was given up with MADV_FREE (and perhaps written
-//! again), and is evicted as any other page.
+//! passes over it until the grace is over (one given up whole leaves as
+//! soon as its pages are gone); what is still there then was given up with
+//! MADV_FREE (and perhaps written again), and is evicted as any other page.
 //!
 //! Word layout: bits 0..4 state, 4..9 flags, 32..64 the first swap slot
 //! (SWAPPED, LOADING and CLEAN) or, for a DROPPED folio, when it was

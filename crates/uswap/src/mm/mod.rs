@@ -40,7 +40,8 @@
 //! # Lock order
 //!
 //! `gate` -> `spaces` -> a space's `regions` -> `inheritors` -> a space's
-//! `extras` -> `fifo` / `own_drops` / `faults` / `reclaimed` (leaves). Folio
+//! `extras` -> `fifo` / `given_up` / `own_drops` / `faults` / `reclaimed`
+//! (leaves). Folio
 //! words are atomics; a busy state (ZEROING, LOADING, EVICTING) makes its
 //! setter the folio's only writer until it publishes the next state.
 //!
@@ -142,6 +143,12 @@ pub(crate) struct Shared {
     memory_high: AtomicUsize,
     /// Own-space folios in fault-in order.
     pub fifo: Mutex<VecDeque<FolioRef>>,
+    /// Folios given up whole that the reclaimer found with pages still
+    /// there in their grace (`folio::DROPPED`): looked at again before the
+    /// queue, a few at a time, until their pages are gone or the grace is
+    /// over, so that the memory they held is the first to go without
+    /// another folio evicted in their place.
+    pub given_up: Mutex<VecDeque<FolioRef>>,
     /// Workingset clock: folios evicted so far.
     pub evictions: AtomicU32,
     /// The runtime's clock starts here (see [`Shared::now_ms`]).
@@ -345,6 +352,7 @@ impl Runtime {
             unfit: AtomicUsize::new(0),
             memory_high: AtomicUsize::new(config.memory_high),
             fifo: Mutex::new(VecDeque::new()),
+            given_up: Mutex::new(VecDeque::new()),
             evictions: AtomicU32::new(0),
             started_at: std::time::Instant::now(),
             reclaim_signal: (Mutex::new(false), Condvar::new()),

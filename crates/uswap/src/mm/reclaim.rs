@@ -45,7 +45,7 @@ use super::folio::{
     UNTOUCHED,
 };
 use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN};
-use super::space::{RegionInner, Space};
+use super::space::{Extras, RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
 use super::{FolioRef, Shared};
@@ -211,14 +211,16 @@ fn flush_and_pace(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>
 /// once the queue is empty, or once every folio in it has been passed over
 /// because it is in its grace after a drop (`folio::DROPPED`).
 fn next_victim(shared: &Shared) -> Option<Victim> {
+    revisit_given_up(shared);
     let queued = shared.fifo.lock().expect("fifo lock").len();
     let mut passed_over = 0;
     loop {
+        let next = shared.fifo.lock().expect("fifo lock").pop_front()?;
         let FolioRef {
             space,
             region,
             folio: i,
-        } = shared.fifo.lock().expect("fifo lock").pop_front()?;
+        } = next;
         let Some(space) = shared.space(space) else {
             continue;
         };
@@ -240,34 +242,26 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
             continue;
         }
         if w & DROPPED != 0 {
-            // Given up whole, and its pages are gone: untouched. A page a
-            // fault puts in meanwhile is counted again with the folio's
-            // next touch (its zero fill skips it).
-            let gone = w & GIVEN_UP != 0
-                && space.memory.get().is_some_and(|m| {
-                    m.present_pages(region.folio_addr(i), region.folio_size)
-                        .is_empty()
-                });
-            if gone && f.transition(w, UNTOUCHED) {
-                space.take_extras(&region, i);
-                shared
-                    .resident
-                    .fetch_sub(region.folio_size, Ordering::AcqRel);
-                continue;
-            }
-            // Its pages may still be about to be zapped: passed over for
-            // now. Once the grace is over, what is still there is the
-            // program's (MADV_FREE, perhaps written again), evicted as any
-            // other page.
-            if gone || shared.in_drop_grace(w) || !f.transition(w, folio::undropped(w)) {
-                shared.queue_for_reclaim(space.id, region.id, i);
-                passed_over += 1;
-                if passed_over > queued {
-                    return None;
+            match look_at_dropped(shared, &space, &region, i, w) {
+                Dropped::Gone => continue,
+                Dropped::Evictable(plain) => w = plain,
+                Dropped::Waits if w & GIVEN_UP != 0 => {
+                    shared
+                        .given_up
+                        .lock()
+                        .expect("given up lock")
+                        .push_back(next);
+                    continue;
                 }
-                continue;
+                Dropped::Waits | Dropped::Changed => {
+                    shared.queue_for_reclaim(space.id, region.id, i);
+                    passed_over += 1;
+                    if passed_over > queued {
+                        return None;
+                    }
+                    continue;
+                }
             }
-            w = folio::undropped(w);
         }
         if w & ACTIVE != 0 {
             f.clear_flag(ACTIVE);
@@ -288,6 +282,100 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         });
     }
 }
+
+/// What the reclaimer makes of a DROPPED folio (see `folio::DROPPED`).
+enum Dropped {
+    /// Given up whole and its pages are gone: made UNTOUCHED, uncounted.
+    Gone,
+    /// In its grace, with pages still there: they may be about to be
+    /// zapped.
+    Waits,
+    /// Its grace is over: the word it has now, without the mark, to be
+    /// evicted as any resident folio (what is still there is the
+    /// program's: MADV_FREE, perhaps written again).
+    Evictable(u64),
+    /// Its word changed meanwhile: to be looked at again.
+    Changed,
+}
+
+/// Looks at DROPPED folio `i` of `region`, whose word was `w`, under the
+/// gate's read side.
+fn look_at_dropped(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    w: u64,
+) -> Dropped {
+    let f = &region.folios[i];
+    // A page a fault puts in meanwhile is counted again with the folio's
+    // next touch (its zero fill skips it).
+    let gone = w & GIVEN_UP != 0
+        && space.memory.get().is_some_and(|m| {
+            m.present_pages(region.folio_addr(i), region.folio_size)
+                .is_empty()
+        });
+    if gone {
+        if !f.transition(w, UNTOUCHED) {
+            return Dropped::Changed;
+        }
+        space.take_extras(region, i);
+        shared
+            .resident
+            .fetch_sub(region.folio_size, Ordering::AcqRel);
+        return Dropped::Gone;
+    }
+    if shared.in_drop_grace(w) {
+        return Dropped::Waits;
+    }
+    let plain = folio::undropped(w);
+    if f.transition(w, plain) {
+        Dropped::Evictable(plain)
+    } else {
+        Dropped::Changed
+    }
+}
+
+/// Looks again at the folios given up whole that were waiting for their
+/// zap (`Shared::given_up`), each at most once: untouched once their pages
+/// are gone, at the head of the queue once their grace is over.
+fn revisit_given_up(shared: &Shared) {
+    let waiting = shared.given_up.lock().expect("given up lock").len();
+    for _ in 0..waiting.min(REVISITS) {
+        let Some(next) = shared.given_up.lock().expect("given up lock").pop_front() else {
+            return;
+        };
+        let Some(space) = shared.space(next.space) else {
+            continue;
+        };
+        let Some(region) = space.region(next.region) else {
+            continue;
+        };
+        let i = next.folio as usize;
+        let _gate = shared.read_gate();
+        let w = region.folios[i].load();
+        // Taken out of this state since (unmapped, evicted, dropped
+        // again): it is queued wherever that put it.
+        if folio::state(w) != RESIDENT || w & (GIVEN_UP | UNFIT) != GIVEN_UP {
+            continue;
+        }
+        match look_at_dropped(shared, &space, &region, i, w) {
+            Dropped::Gone => {}
+            Dropped::Waits => shared
+                .given_up
+                .lock()
+                .expect("given up lock")
+                .push_back(next),
+            Dropped::Evictable(_) | Dropped::Changed => {
+                shared.queue_for_reclaim_first(space.id, region.id, i)
+            }
+        }
+    }
+}
+
+/// The most folios given up whole that one look for a victim looks at
+/// again (each reads the page map).
+const REVISITS: usize = 16;
 
 /// Runs of plug entries that are adjacent folios of one region: (first
 /// index into the plug, count).
@@ -821,15 +909,10 @@ fn finish_folio(
                 // Counted before it is published: a fault server that sees
                 // the flag takes the bytes off again.
                 shared.unfit.fetch_add(fs, Ordering::AcqRel);
-                f.set(RESIDENT | UNFIT);
+                f.set(dropped_meanwhile(shared, &extras, RESIDENT | UNFIT));
                 shared.counters.unfit_folios.fetch_add(1, Ordering::Relaxed);
             } else {
-                // Dropped in part meanwhile: the zap may be yet to come.
-                f.set(if extras.removed.is_empty() {
-                    RESIDENT
-                } else {
-                    folio::dropped_at(RESIDENT, shared.now_ms())
-                });
+                f.set(dropped_meanwhile(shared, &extras, RESIDENT));
                 shared.queue_for_reclaim(space.id, region.id, i);
             }
         }
@@ -872,6 +955,16 @@ fn finish_folio(
         swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker, false);
     }
     stored.is_some()
+}
+
+/// `word` for a folio that stays resident, DROPPED if the program dropped
+/// part of it meanwhile (the zap may be yet to come).
+pub(crate) fn dropped_meanwhile(shared: &Shared, extras: &Extras, word: u64) -> u64 {
+    if extras.removed.is_empty() {
+        word
+    } else {
+        folio::dropped_at(word, shared.now_ms())
+    }
 }
 
 /// How many times one run's move is tried while it is refused for events

@@ -316,9 +316,9 @@ fn publish_settled(
     if resident && active {
         settled |= ACTIVE;
     }
-    if resident && !extras.removed.is_empty() {
-        // Pages installed before the drop's event may be yet to be zapped.
-        settled = folio::dropped_at(settled, shared.now_ms());
+    if resident {
+        // Pages installed before a drop's event may be yet to be zapped.
+        settled = super::reclaim::dropped_meanwhile(shared, extras, settled);
     }
     region.folios[i].set(settled);
     if resident {
