@@ -1895,6 +1895,7 @@ fn dropped_then_zapped_late(offset: usize, len: usize) {
             evict_to_limit(&rt);
             let s = rt.stats();
             assert!(s.evicted_folios >= 1, "nothing was evicted: {s:?}");
+            assert!(s.drop_grace_waits >= 1, "no folio waited: {s:?}");
             assert!(
                 !rt.is_swapped(folio as *const u8),
                 "evicted before the zap: {s:?}"

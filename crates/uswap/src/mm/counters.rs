@@ -82,6 +82,10 @@ counters! {
     /// or pinned: dropped, it would not be freed while the other process
     /// keeps it. The folios stay resident and are tried again later.
     discard_refused_shared,
+    /// Times the reclaimer passed over a folio the program had dropped
+    /// pages of, in its grace (`drop_grace`): the kernel may not have
+    /// zapped them yet (`folio::DROPPED`).
+    drop_grace_waits,
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.
     eviction_drop_failed,

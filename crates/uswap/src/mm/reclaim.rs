@@ -242,7 +242,14 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
             continue;
         }
         if w & DROPPED != 0 {
-            match look_at_dropped(shared, &space, &region, i, w) {
+            let looked = look_at_dropped(shared, &space, &region, i, w);
+            if matches!(looked, Dropped::Waits) {
+                shared
+                    .counters
+                    .drop_grace_waits
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            match looked {
                 Dropped::Gone => continue,
                 Dropped::Evictable(plain) => w = plain,
                 Dropped::Waits if w & GIVEN_UP != 0 => {
@@ -892,12 +899,13 @@ fn finish_folio(
                 // resident, and counted.)
                 f.set(UNTOUCHED);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
-            } else if locked {
+            } else if locked && extras.removed.is_empty() {
                 // Locked memory stays out of reclaim, as the kernel keeps it
                 // off its LRU: taken again, it would be stored and refused
                 // at every pass. It still counts as resident; it comes back
                 // to reclaim once the program drops or unmaps it and touches
-                // it anew.
+                // it anew. (Dropped in part meanwhile, it is queued again
+                // below: its pages may be about to go.)
                 f.set(RESIDENT);
                 shared
                     .counters
