@@ -523,6 +523,16 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
         )
     };
     assert_ne!(scratch, libc::MAP_FAILED);
+    // Two folios of noise, mapped first and never touched again: the first
+    // the reclaimer takes, so that every case stores pages that do not
+    // compress (raw with a swap file, UNFIT without one) however its random
+    // steps go.
+    let noise_region = rt.map(2 * folio).expect("map");
+    let noise = |i: usize| (seed << 24 | i as u64) << 3 | 1;
+    let noise_base = noise_region.as_ptr() as usize;
+    for i in 0..2 * folio / PAGE {
+        fill(noise_base + i * PAGE, noise(i));
+    }
     let worker_region = rt.map(2 * high).expect("map");
     let stop = AtomicBool::new(false);
     let worker_ops = AtomicU64::new(0);
@@ -562,6 +572,19 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
         w.join().expect("workers");
     });
     // Everything, once more.
+    for i in 0..2 * folio / PAGE {
+        let page = Page {
+            seed: noise(i),
+            maybe_zero: false,
+            writable: true,
+            owner: NONE,
+        };
+        assert!(
+            holds(noise_base + i * PAGE, &page),
+            "final check: noise page {i} does not hold its bytes"
+        );
+    }
+    drop(noise_region);
     let all: Vec<(usize, Page)> = case.pages.iter().map(|(&a, &p)| (a, p)).collect();
     for (addr, page) in &all {
         assert!(

@@ -830,8 +830,19 @@ impl Drop for Runtime {
 /// Runs a runtime thread's body; a panic there would leave faults unserved
 /// and the program hung, so it ends the process with a message instead.
 fn fail_loudly(name: &str, body: impl FnOnce()) {
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
-        eprintln!("uswap: the {name} thread panicked; aborting rather than leaving the program's memory unserved");
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let message = format!(
+            "uswap: the {name} thread panicked ({what}); aborting rather than leaving the program's memory unserved\n"
+        );
+        // Straight to the descriptor: output a test harness captures would
+        // be lost with the abort.
+        // SAFETY: writing a buffer that lives across the call.
+        unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
         std::process::abort();
     }
 }
