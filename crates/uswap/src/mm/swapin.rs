@@ -23,7 +23,7 @@
 //! poisons the folio's missing pages instead: every touch raises SIGBUS, the
 //! kernel's answer to a failed swap-in, never wrong bytes.
 
-use super::folio::{self, ACTIVE, CLEAN, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
+use super::folio::{self, ACTIVE, CLEAN, GIVEN_UP, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
 use super::space::{Extras, RegionInner, Space};
 use super::uffd::{Partial, UffdError};
 use super::Shared;
@@ -302,12 +302,25 @@ fn publish_settled(
     active: bool,
     clean_copy: Option<u32>,
 ) -> bool {
-    let state = settled_state(extras, region.pages_per_folio() as usize);
+    let mut state = settled_state(extras, region.pages_per_folio() as usize);
+    // Given up whole while it was being installed: pages put in before the
+    // drop's event may be yet to be zapped. Untouched, they would be taken
+    // for the zero fill's on the next touch and could be evicted with their
+    // old bytes; so the folio is a resident one given up whole instead
+    // (`folio::GIVEN_UP`), counted until its pages are gone.
+    let given_up = state == UNTOUCHED
+        && space.memory.get().is_some_and(|m| {
+            !m.present_pages(region.folio_addr(i), region.folio_size)
+                .is_empty()
+        });
+    if given_up {
+        state = RESIDENT | GIVEN_UP;
+    }
     // A settled folio keeps no extras: its holes are missing pages, which
     // read as zero (resident) or are no longer ours (gone).
     let whole = extras.holes().is_empty() && extras.lost.is_empty();
     space.take_extras(region, i);
-    let resident = state == RESIDENT && space.is_evicted();
+    let resident = folio::state(state) == RESIDENT && space.is_evicted();
     let clean = match clean_copy {
         Some(slot) if resident && whole => Some(folio::with_slot(CLEAN, slot)),
         _ => None,
@@ -325,7 +338,11 @@ fn publish_settled(
         shared
             .resident
             .fetch_add(region.folio_size, Ordering::AcqRel);
-        shared.queue_for_reclaim(space.id, region.id, i);
+        if given_up {
+            shared.queue_for_reclaim_first(space.id, region.id, i);
+        } else {
+            shared.queue_for_reclaim(space.id, region.id, i);
+        }
         if shared.resident.load(Ordering::Relaxed) > shared.reclaim_limit() {
             shared.kick_reclaim();
         }
