@@ -106,7 +106,7 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
                     if unsafe { libc::poll(&mut pfd, 1, 20) } <= 0 {
                         continue;
                     }
-                    scratch.uffd.read_events(&mut events)?;
+                    scratch.uffd.read_events(&mut events, 64)?;
                 }
                 let batch = std::mem::take(&mut events);
                 for event in batch {
@@ -119,7 +119,7 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
                     // As on the runtime's event thread: a changing mapping is
                     // waited out by reading the event that changes it.
                     install(scratch.uffd, start, &data, || {
-                        if let Err(e) = scratch.uffd.read_events(&mut events) {
+                        if let Err(e) = scratch.uffd.read_events(&mut events, 64) {
                             eprintln!("floor: reading events: {e}");
                         }
                         std::thread::yield_now();

@@ -81,6 +81,27 @@ struct EventThread<'a> {
 
 /// Events one read takes at most.
 const READ_BATCH: usize = 64;
+/// The longest the events of a space are held unread after the REMOVE of
+/// the reclaimer's own drop (see `read_raw`): a drop whose range the
+/// program split meanwhile raises a second REMOVE, which the drop then
+/// waits for, and the program's own REMOVE over the same range may come
+/// first.
+const HOLD_MAX_MS: u32 = 5;
+
+/// Whether the events of `space` are held (see `EventThread::read_raw`):
+/// until the drop's call has returned, or for at most [`HOLD_MAX_MS`].
+fn events_held(shared: &Shared, space: &Space) -> bool {
+    let at = space.events_held_at.load(Ordering::Acquire);
+    if at == 0 {
+        return false;
+    }
+    let held_for = shared.now_ms().wrapping_add(1).wrapping_sub(at);
+    if held_for < HOLD_MAX_MS && shared.own_drop_in_flight(space.id) {
+        return true;
+    }
+    space.events_held_at.store(0, Ordering::Release);
+    false
+}
 /// Events that may wait unapplied while the program forks: each program
 /// thread has at most one fault or event pending, so this bounds the
 /// threads a forking program may have.
@@ -174,23 +195,58 @@ impl EventThread<'_> {
     /// Reads what every live space has pending into `raw` (whose capacity is
     /// reserved: no allocation), noting each event's space and read number
     /// in `origin`.
+    ///
+    /// While a drop in place of the reclaimer's is in flight in a space,
+    /// its events are read one at a time, and once the drop's last REMOVE
+    /// is read, no more until the drop's call has returned (at most
+    /// [`HOLD_MAX_MS`]). The madvise zaps only after its event is read, with
+    /// the address space's lock taken again, whatever is mapped there then;
+    /// an unmap of the program's read together with it would let the
+    /// program map and write new memory there before the zap. Held, the
+    /// program's munmap returns only after the zap. (A drop over several
+    /// mappings raises one REMOVE per mapping, each after the zap of the
+    /// one before, so only its last can be held for: the mappings before
+    /// keep the window.)
     fn read_raw(&mut self) -> usize {
-        let spaces = self.shared.spaces.read().expect("spaces lock");
-        let read_no = self.shared.reads.fetch_add(1, Ordering::AcqRel) + 1;
+        let shared = self.shared;
+        let spaces = shared.spaces.read().expect("spaces lock");
+        let read_no = shared.reads.fetch_add(1, Ordering::AcqRel) + 1;
         let mut read = 0;
         for (k, space) in spaces.iter().enumerate() {
             if !space.alive.load(Ordering::Acquire)
                 || self.raw.len() + READ_BATCH > self.raw.capacity()
+                || events_held(shared, space)
             {
                 continue;
             }
-            match space.uffd.read_events(&mut self.raw) {
-                Ok(n) => read += n,
-                Err(UffdError::ProcessGone) => continue,
-                Err(e) => panic!("reading userfaultfd events: {e}"),
-            }
-            while self.origin.len() < self.raw.len() {
-                self.origin.push((k as u32, read_no));
+            let one_at_a_time = shared.own_drop_in_flight(space.id);
+            loop {
+                let before = self.raw.len();
+                match space
+                    .uffd
+                    .read_events(&mut self.raw, if one_at_a_time { 1 } else { READ_BATCH })
+                {
+                    Ok(n) => read += n,
+                    Err(UffdError::ProcessGone) => break,
+                    Err(e) => panic!("reading userfaultfd events: {e}"),
+                }
+                while self.origin.len() < self.raw.len() {
+                    self.origin.push((k as u32, read_no));
+                }
+                let Some(last) = self.raw.get(before..).and_then(|new| new.last()) else {
+                    break;
+                };
+                if !one_at_a_time || self.raw.len() + 1 > self.raw.capacity() {
+                    break;
+                }
+                if let Event::Remove { start, end } = *last {
+                    if shared.is_last_event_of_own_drop(space.id, start, end) {
+                        space
+                            .events_held_at
+                            .store(shared.now_ms().wrapping_add(1).max(1), Ordering::Release);
+                        break;
+                    }
+                }
             }
         }
         read
@@ -309,25 +365,30 @@ impl EventThread<'_> {
         if self.backlog.is_empty() && self.follow_ups.is_empty() {
             let pollfds = &mut self.pollfds;
             pollfds.clear();
+            let mut held = false;
             pollfds.extend(shared.spaces.read().expect("spaces lock").iter().map(|s| {
+                // A held space is left out (its pending events would wake
+                // the poll at once), and looked at again at once: the hold
+                // ends when the reclaimer's call returns, which yielding
+                // lets it do.
+                let hold = events_held(shared, s);
+                held |= hold;
                 libc::pollfd {
-                    fd: s.uffd.raw_fd(),
+                    fd: if hold { -1 } else { s.uffd.raw_fd() },
                     events: libc::POLLIN,
                     revents: 0,
                 }
             }));
             let spinning =
                 self.last_event.elapsed() < shared.config.event_spin && reclaim_idle(shared);
+            let timeout = if spinning || held { 0 } else { POLL_TIMEOUT_MS };
             // SAFETY: `pollfds` is a valid array of its length for the call.
-            if unsafe {
-                libc::poll(
-                    pollfds.as_mut_ptr(),
-                    pollfds.len() as libc::nfds_t,
-                    if spinning { 0 } else { POLL_TIMEOUT_MS },
-                )
-            } <= 0
+            if unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) }
+                <= 0
             {
-                if spinning {
+                if held {
+                    std::thread::yield_now();
+                } else if spinning {
                     std::hint::spin_loop();
                 }
                 return;

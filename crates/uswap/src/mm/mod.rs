@@ -188,6 +188,12 @@ pub(crate) struct Shared {
     /// between the fillers: (next ticket, ticket now served).
     pub room_turns: (AtomicU64, AtomicU64),
     own_drops: Mutex<Vec<OwnDrop>>,
+    /// The reclaimer's drop in place in flight (its call has not returned),
+    /// for the event thread to read without a lock (it reads while the
+    /// program forks, when a lock's holder may be waiting on malloc):
+    /// space id + 1 (0: none), start, end. The reclaimer makes one at a
+    /// time.
+    dropping: (AtomicU32, AtomicUsize, AtomicUsize),
     /// Reads of the userfaultfds the event thread has begun.
     pub reads: AtomicU64,
     pub reclaimer_tid: AtomicI32,
@@ -371,6 +377,7 @@ impl Runtime {
             event_hold: Hold::new(),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
             own_drops: Mutex::new(Vec::new()),
+            dropping: (AtomicU32::new(0), AtomicUsize::new(0), AtomicUsize::new(0)),
             reads: AtomicU64::new(0),
             reclaimer_tid: AtomicI32::new(0),
             unprotects: Unprotects::default(),
@@ -946,9 +953,30 @@ impl Shared {
         cv.notify_one();
     }
 
+    /// Whether a drop in place of the reclaimer's in `space` is in flight
+    /// (its call has not returned).
+    pub fn own_drop_in_flight(&self, space: u32) -> bool {
+        self.dropping.0.load(Ordering::Acquire) == space + 1
+    }
+
+    /// Whether a REMOVE event over `start..end` in `space` may be the last
+    /// one of the reclaimer's drop in place in flight: it reaches the
+    /// drop's end from inside its range. (The kernel raises one per mapping
+    /// the drop covers, each once the one before is zapped.)
+    pub fn is_last_event_of_own_drop(&self, space: u32, start: usize, end: usize) -> bool {
+        let (from, to) = (
+            self.dropping.1.load(Ordering::Relaxed),
+            self.dropping.2.load(Ordering::Relaxed),
+        );
+        self.own_drop_in_flight(space) && from <= start && start < to && end >= to
+    }
+
     /// The reclaimer is about to MADV_DONTNEED `start..start + len` of
     /// `space`.
     fn begin_own_drop(&self, space: u32, start: usize, len: usize) {
+        self.dropping.1.store(start, Ordering::Relaxed);
+        self.dropping.2.store(start + len, Ordering::Relaxed);
+        self.dropping.0.store(space + 1, Ordering::Release);
         self.own_drops
             .lock()
             .expect("own drops lock")
@@ -984,6 +1012,7 @@ impl Shared {
 
     /// The reclaimer's MADV_DONTNEED of `start` in `space` returned.
     fn end_own_drop(&self, space: u32, start: usize) {
+        self.dropping.0.store(0, Ordering::Release);
         let mut drops = self.own_drops.lock().expect("own drops lock");
         let d = drops
             .iter_mut()

@@ -565,7 +565,10 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // see `Memory::discard_quietly`); it is refused while an event
             // is unread, and tried again once the events are in. A drop in
             // place must wait for its event to be read, so it follows once
-            // the gate is released (a window left open).
+            // the gate is released; the event thread then reads nothing more
+            // of the process until the drop has returned (see `fault.rs`,
+            // `read_raw`), which closes the window for a drop over one
+            // mapping, not for the mappings before the last of several.
             let (settled, registered) = settled_gate(shared, space, at, end - at);
             // Part of the range no longer registered: unmapped, and perhaps
             // mapped anew by the program (whose pages a discard would take).

@@ -249,6 +249,11 @@ pub(crate) struct Space {
     /// child, and a fork of this process would wait for ever on a FORK event
     /// of a descriptor nobody reads.
     pub strays: Mutex<Vec<(usize, usize)>>,
+    /// While the reclaimer's own drop in place (MADV_DONTNEED) of this
+    /// space is in flight and its REMOVE event has been read: when that
+    /// was (`Shared::now_ms` + 1; 0 when not). Nothing more is read from
+    /// the descriptor meanwhile (see `fault.rs`, `read_raw`).
+    pub events_held_at: AtomicU32,
 }
 
 impl Space {
@@ -270,6 +275,7 @@ impl Space {
             extras: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
             strays: Mutex::new(Vec::new()),
+            events_held_at: AtomicU32::new(0),
         }
     }
 

@@ -510,10 +510,12 @@ impl Uffd {
         )
     }
 
-    /// Reads the pending events without blocking and appends them to `out`;
-    /// returns how many. A fork's descriptor is owned as soon as it is read.
-    pub fn read_events(&self, out: &mut Vec<Event>) -> Result<usize, UffdError> {
+    /// Reads the pending events (at most `most`, at most 64) without
+    /// blocking and appends them to `out`; returns how many. A fork's
+    /// descriptor is owned as soon as it is read.
+    pub fn read_events(&self, out: &mut Vec<Event>, most: usize) -> Result<usize, UffdError> {
         const BATCH: usize = 64;
+        let most = most.clamp(1, BATCH);
         let mut buf = [RawMsg {
             event: 0,
             reserved1: 0,
@@ -527,7 +529,7 @@ impl Uffd {
             libc::read(
                 self.fd.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
-                std::mem::size_of_val(&buf),
+                most * RAW_MSG_SIZE,
             )
         };
         if n < 0 {
