@@ -86,22 +86,30 @@ const READ_BATCH: usize = 64;
 /// program split meanwhile raises a second REMOVE, which the drop then
 /// waits for, and the program's own REMOVE over the same range may come
 /// first.
-const HOLD_MAX_MS: u32 = 5;
+const HOLD_MAX_MS: u32 = 20;
 
 /// Whether the events of `space` are held (see `EventThread::read_raw`):
 /// until the drop's call has returned, or for at most [`HOLD_MAX_MS`].
 fn events_held(shared: &Shared, space: &Space) -> bool {
-    let at = space.events_held_at.load(Ordering::Acquire);
-    if at == 0 {
+    let held_for = space.events_held_for.load(Ordering::Acquire);
+    if held_for == 0 {
         return false;
     }
-    let held_for = shared.now_ms().wrapping_add(1).wrapping_sub(at);
-    if held_for < HOLD_MAX_MS && shared.own_drop_in_flight(space.id) {
+    let since = shared
+        .now_ms()
+        .wrapping_sub(space.events_held_at.load(Ordering::Acquire));
+    // Only for the drop whose event it was: the reclaimer's next drop may
+    // have begun by the time this is looked at.
+    let same_drop = shared
+        .own_drop_in_flight(space.id)
+        .is_some_and(|(generation, _, _)| generation == held_for);
+    if since < HOLD_MAX_MS && same_drop {
         return true;
     }
-    space.events_held_at.store(0, Ordering::Release);
+    space.events_held_for.store(0, Ordering::Release);
     false
 }
+
 /// Events that may wait unapplied while the program forks: each program
 /// thread has at most one fault or event pending, so this bounds the
 /// threads a forking program may have.
@@ -219,8 +227,11 @@ impl EventThread<'_> {
             {
                 continue;
             }
-            let one_at_a_time = shared.own_drop_in_flight(space.id);
             loop {
+                // Sampled before each read: a drop that begins just after
+                // could still have its event read in a batch with what
+                // follows it (a window of a few instructions).
+                let one_at_a_time = shared.own_drop_in_flight(space.id).is_some();
                 let before = self.raw.len();
                 match space
                     .uffd
@@ -236,16 +247,19 @@ impl EventThread<'_> {
                 let Some(last) = self.raw.get(before..).and_then(|new| new.last()) else {
                     break;
                 };
-                if !one_at_a_time || self.raw.len() + 1 > self.raw.capacity() {
-                    break;
-                }
                 if let Event::Remove { start, end } = *last {
-                    if shared.is_last_event_of_own_drop(space.id, start, end) {
+                    // The drop cannot return before this event is read: it
+                    // is still the one in flight, if the event is its.
+                    if let Some(generation) = shared.last_event_of_own_drop(space.id, start, end) {
                         space
                             .events_held_at
-                            .store(shared.now_ms().wrapping_add(1).max(1), Ordering::Release);
+                            .store(shared.now_ms(), Ordering::Release);
+                        space.events_held_for.store(generation, Ordering::Release);
                         break;
                     }
+                }
+                if !one_at_a_time || self.raw.len() + 1 > self.raw.capacity() {
+                    break;
                 }
             }
         }

@@ -119,6 +119,51 @@ struct OwnDrop {
     returned_at: Option<u64>,
 }
 
+/// The reclaimer's drop in place in flight, for the event thread to read
+/// without a lock: it reads while the program forks, when a lock's holder
+/// may be waiting on malloc. A sequence lock: `seq` is odd while the one
+/// writer (the reclaimer) changes the fields, and a reader tries again
+/// when it changed under it; its even value names the drop.
+#[derive(Default)]
+struct DropInFlight {
+    seq: AtomicU64,
+    /// Space id + 1; 0: no drop in flight.
+    space: AtomicU32,
+    start: AtomicUsize,
+    end: AtomicUsize,
+}
+
+impl DropInFlight {
+    /// The drop now in flight: (space, start, end), or none.
+    fn set(&self, drop: Option<(u32, usize, usize)>) {
+        let (space, start, end) = drop.map_or((0, 0, 0), |(s, a, b)| (s + 1, a, b));
+        self.seq.fetch_add(1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        self.space.store(space, Ordering::Relaxed);
+        self.start.store(start, Ordering::Relaxed);
+        self.end.store(end, Ordering::Relaxed);
+        self.seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// The drop in flight: (generation, space, start, end).
+    fn get(&self) -> Option<(u64, u32, usize, usize)> {
+        loop {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq & 1 == 1 {
+                std::thread::yield_now();
+                continue;
+            }
+            let space = self.space.load(Ordering::Relaxed);
+            let start = self.start.load(Ordering::Relaxed);
+            let end = self.end.load(Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) == seq {
+                return (space != 0).then(|| (seq, space - 1, start, end));
+            }
+        }
+    }
+}
+
 /// Everything the runtime's threads share.
 pub(crate) struct Shared {
     pub config: RuntimeConfig,
@@ -188,12 +233,9 @@ pub(crate) struct Shared {
     /// between the fillers: (next ticket, ticket now served).
     pub room_turns: (AtomicU64, AtomicU64),
     own_drops: Mutex<Vec<OwnDrop>>,
-    /// The reclaimer's drop in place in flight (its call has not returned),
-    /// for the event thread to read without a lock (it reads while the
-    /// program forks, when a lock's holder may be waiting on malloc):
-    /// space id + 1 (0: none), start, end. The reclaimer makes one at a
-    /// time.
-    dropping: (AtomicU32, AtomicUsize, AtomicUsize),
+    /// The reclaimer's drop in place in flight (its call has not returned).
+    /// The reclaimer makes one at a time.
+    dropping: DropInFlight,
     /// Reads of the userfaultfds the event thread has begun.
     pub reads: AtomicU64,
     pub reclaimer_tid: AtomicI32,
@@ -377,7 +419,7 @@ impl Runtime {
             event_hold: Hold::new(),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
             own_drops: Mutex::new(Vec::new()),
-            dropping: (AtomicU32::new(0), AtomicUsize::new(0), AtomicUsize::new(0)),
+            dropping: DropInFlight::default(),
             reads: AtomicU64::new(0),
             reclaimer_tid: AtomicI32::new(0),
             unprotects: Unprotects::default(),
@@ -953,30 +995,31 @@ impl Shared {
         cv.notify_one();
     }
 
-    /// Whether a drop in place of the reclaimer's in `space` is in flight
-    /// (its call has not returned).
-    pub fn own_drop_in_flight(&self, space: u32) -> bool {
-        self.dropping.0.load(Ordering::Acquire) == space + 1
+    /// The reclaimer's drop in place in flight in `space`, if there is one:
+    /// its generation (unique to it), start and end.
+    pub fn own_drop_in_flight(&self, space: u32) -> Option<(u64, usize, usize)> {
+        self.dropping
+            .get()
+            .and_then(|(generation, of, start, end)| {
+                (of == space).then_some((generation, start, end))
+            })
     }
 
-    /// Whether a REMOVE event over `start..end` in `space` may be the last
-    /// one of the reclaimer's drop in place in flight: it reaches the
-    /// drop's end from inside its range. (The kernel raises one per mapping
-    /// the drop covers, each once the one before is zapped.)
-    pub fn is_last_event_of_own_drop(&self, space: u32, start: usize, end: usize) -> bool {
-        let (from, to) = (
-            self.dropping.1.load(Ordering::Relaxed),
-            self.dropping.2.load(Ordering::Relaxed),
-        );
-        self.own_drop_in_flight(space) && from <= start && start < to && end >= to
+    /// The generation of the reclaimer's drop in place in flight in
+    /// `space` if a REMOVE event over `start..end` there is its last one:
+    /// inside its range and reaching its end. (The kernel raises one per
+    /// mapping the drop covers, each once the one before is zapped.)
+    pub fn last_event_of_own_drop(&self, space: u32, start: usize, end: usize) -> Option<u64> {
+        self.own_drop_in_flight(space)
+            .and_then(|(generation, from, to)| {
+                (from <= start && start < to && end >= to).then_some(generation)
+            })
     }
 
     /// The reclaimer is about to MADV_DONTNEED `start..start + len` of
     /// `space`.
     fn begin_own_drop(&self, space: u32, start: usize, len: usize) {
-        self.dropping.1.store(start, Ordering::Relaxed);
-        self.dropping.2.store(start + len, Ordering::Relaxed);
-        self.dropping.0.store(space + 1, Ordering::Release);
+        self.dropping.set(Some((space, start, start + len)));
         self.own_drops
             .lock()
             .expect("own drops lock")
@@ -1012,7 +1055,7 @@ impl Shared {
 
     /// The reclaimer's MADV_DONTNEED of `start` in `space` returned.
     fn end_own_drop(&self, space: u32, start: usize) {
-        self.dropping.0.store(0, Ordering::Release);
+        self.dropping.set(None);
         let mut drops = self.own_drops.lock().expect("own drops lock");
         let d = drops
             .iter_mut()

@@ -22,7 +22,7 @@ use super::uffd::Uffd;
 use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::SlotRange;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// The runtime's view of one managed range of one address space.
@@ -250,9 +250,11 @@ pub(crate) struct Space {
     /// of a descriptor nobody reads.
     pub strays: Mutex<Vec<(usize, usize)>>,
     /// While the reclaimer's own drop in place (MADV_DONTNEED) of this
-    /// space is in flight and its REMOVE event has been read: when that
-    /// was (`Shared::now_ms` + 1; 0 when not). Nothing more is read from
-    /// the descriptor meanwhile (see `fault.rs`, `read_raw`).
+    /// space is in flight and its last REMOVE event has been read: the
+    /// drop's generation (0: none) and when the event was read
+    /// (`Shared::now_ms`). Nothing more is read from the descriptor
+    /// meanwhile (see `fault.rs`, `read_raw`).
+    pub events_held_for: AtomicU64,
     pub events_held_at: AtomicU32,
 }
 
@@ -275,6 +277,7 @@ impl Space {
             extras: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
             strays: Mutex::new(Vec::new()),
+            events_held_for: AtomicU64::new(0),
             events_held_at: AtomicU32::new(0),
         }
     }
