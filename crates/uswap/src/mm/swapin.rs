@@ -219,7 +219,10 @@ pub(crate) fn install(
                                     Err(Partial {
                                         error: e @ (UffdError::Busy | UffdError::Os(_)),
                                         ..
-                                    }) => panic!("installing a page at {d:#x}: {e}"),
+                                    }) => panic!(
+                                        "installing a page at {d:#x}: {e}{}",
+                                        mappings_of(source, d, page)
+                                    ),
                                 }
                                 done.insert_range(page, page + 1);
                             }
@@ -237,7 +240,11 @@ pub(crate) fn install(
                         }
                         UffdError::ProcessGone => return Installed::SpaceGone,
                         e @ (UffdError::Busy | UffdError::Os(_)) => {
-                            panic!("installing {} pages at {dst:#x}: {e}", q - k)
+                            panic!(
+                                "installing {} pages at {dst:#x}: {e}{}",
+                                q - k,
+                                mappings_of(source, dst, p)
+                            )
                         }
                     }
                 }
@@ -262,6 +269,32 @@ fn fill(space: &Space, dst: usize, p: usize, q: usize, source: Source<'_>) -> Re
             .copy(dst, &data[p * PAGE_SIZE..q * PAGE_SIZE], true),
         Source::Poison => space.uffd.poison(dst, (q - p) * PAGE_SIZE),
     }
+}
+
+/// For a failed install's message: the mappings of this process holding
+/// the source bytes of page `p` and the destination `dst` (when it is in
+/// this process), from /proc/self/maps.
+fn mappings_of(source: Source<'_>, dst: usize, p: usize) -> String {
+    let src = match source {
+        Source::Data(data) | Source::Protected(data) => data.as_ptr() as usize + p * PAGE_SIZE,
+        Source::Poison => return String::new(),
+    };
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let holding = |addr: usize| {
+        maps.lines()
+            .find(|line| {
+                let range = line.split(' ').next().unwrap_or("");
+                let mut ends = range.split('-').map(|x| usize::from_str_radix(x, 16));
+                matches!((ends.next(), ends.next()), (Some(Ok(a)), Some(Ok(b))) if a <= addr && addr < b)
+            })
+            .unwrap_or("none")
+            .to_string()
+    };
+    format!(
+        " (source {src:#x} in [{}], destination in this process's [{}])",
+        holding(src),
+        holding(dst)
+    )
 }
 
 /// Wakes the threads waiting on faults in a range. UFFDIO_WAKE looks at no
