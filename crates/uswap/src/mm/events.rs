@@ -398,7 +398,7 @@ pub(crate) fn resolve_inheritors(
                 if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
                     GONE
                 } else {
-                    super::reclaim::dropped_meanwhile(shared, &extras, RESIDENT)
+                    shared.dropped_meanwhile(&extras, RESIDENT)
                 }
             }
             // Nothing to install anywhere: the child is gone, or every page

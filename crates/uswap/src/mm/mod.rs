@@ -920,6 +920,16 @@ impl Shared {
         self.started_at.elapsed().as_millis() as u32
     }
 
+    /// `word` for a folio that stays resident, DROPPED if the program
+    /// dropped part of it meanwhile (`extras`): the zap may be yet to come.
+    pub fn dropped_meanwhile(&self, extras: &space::Extras, word: u64) -> u64 {
+        if extras.removed.is_empty() {
+            word
+        } else {
+            folio::dropped_at(word, self.now_ms())
+        }
+    }
+
     /// Whether a folio dropped at `word`'s time is still in its grace
     /// (`RuntimeConfig::drop_grace`).
     pub fn in_drop_grace(&self, word: u64) -> bool {

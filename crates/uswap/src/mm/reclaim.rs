@@ -45,7 +45,7 @@ use super::folio::{
     UNTOUCHED,
 };
 use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN};
-use super::space::{Extras, RegionInner, Space};
+use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
 use super::{FolioRef, Shared};
@@ -317,11 +317,7 @@ fn look_at_dropped(
     let f = &region.folios[i];
     // A page a fault puts in meanwhile is counted again with the folio's
     // next touch (its zero fill skips it).
-    let gone = w & GIVEN_UP != 0
-        && space.memory.get().is_some_and(|m| {
-            m.present_pages(region.folio_addr(i), region.folio_size)
-                .is_empty()
-        });
+    let gone = w & GIVEN_UP != 0 && space.pages_gone(region, i);
     if gone {
         if !f.transition(w, UNTOUCHED) {
             return Dropped::Changed;
@@ -891,12 +887,7 @@ fn finish_folio(
             if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
                 f.set(GONE);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
-            } else if extras.removed.covers(pages)
-                && space
-                    .memory
-                    .get()
-                    .is_some_and(|m| m.present_pages(region.folio_addr(i), fs).is_empty())
-            {
+            } else if extras.removed.covers(pages) && space.pages_gone(region, i) {
                 // Given up whole, and gone. (Given up with MADV_FREE and
                 // written again, its pages are still there: it stays
                 // resident, and counted.)
@@ -920,10 +911,10 @@ fn finish_folio(
                 // Counted before it is published: a fault server that sees
                 // the flag takes the bytes off again.
                 shared.unfit.fetch_add(fs, Ordering::AcqRel);
-                f.set(dropped_meanwhile(shared, &extras, RESIDENT | UNFIT));
+                f.set(shared.dropped_meanwhile(&extras, RESIDENT | UNFIT));
                 shared.counters.unfit_folios.fetch_add(1, Ordering::Relaxed);
             } else {
-                f.set(dropped_meanwhile(shared, &extras, RESIDENT));
+                f.set(shared.dropped_meanwhile(&extras, RESIDENT));
                 shared.queue_for_reclaim(space.id, region.id, i);
             }
         }
@@ -966,16 +957,6 @@ fn finish_folio(
         swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker, false);
     }
     stored.is_some()
-}
-
-/// `word` for a folio that stays resident, DROPPED if the program dropped
-/// part of it meanwhile (the zap may be yet to come).
-pub(crate) fn dropped_meanwhile(shared: &Shared, extras: &Extras, word: u64) -> u64 {
-    if extras.removed.is_empty() {
-        word
-    } else {
-        folio::dropped_at(word, shared.now_ms())
-    }
 }
 
 /// How many times one run's move is tried while it is refused for events

@@ -288,6 +288,15 @@ impl Space {
         self.memory.get().is_some()
     }
 
+    /// Whether none of folio `i`'s pages is in memory (false for a space
+    /// whose memory is not reached: one not evicted from).
+    pub fn pages_gone(&self, region: &RegionInner, i: usize) -> bool {
+        self.memory.get().is_some_and(|m| {
+            m.present_pages(region.folio_addr(i), region.folio_size)
+                .is_empty()
+        })
+    }
+
     /// The region and folio index holding `addr`.
     pub fn lookup(&self, addr: usize) -> Option<(Arc<RegionInner>, usize)> {
         let regions = self.regions.read().expect("regions lock");

@@ -341,11 +341,7 @@ fn publish_settled(
     // for the zero fill's on the next touch and could be evicted with their
     // old bytes; so the folio is a resident one given up whole instead
     // (`folio::GIVEN_UP`), counted until its pages are gone.
-    let given_up = state == UNTOUCHED
-        && space.memory.get().is_some_and(|m| {
-            !m.present_pages(region.folio_addr(i), region.folio_size)
-                .is_empty()
-        });
+    let given_up = state == UNTOUCHED && space.is_evicted() && !space.pages_gone(region, i);
     if given_up {
         state = RESIDENT | GIVEN_UP;
     }
@@ -364,7 +360,7 @@ fn publish_settled(
     }
     if resident {
         // Pages installed before a drop's event may be yet to be zapped.
-        settled = super::reclaim::dropped_meanwhile(shared, extras, settled);
+        settled = shared.dropped_meanwhile(extras, settled);
     }
     region.folios[i].set(settled);
     if resident {
