@@ -1224,15 +1224,18 @@ fn discard_after_a_move_of_the_region(discard_by_move: bool) {
                 target as *mut libc::c_void,
             );
             assert_eq!(moved as usize, target);
+            // Only where nothing is mapped: another test's thread may have
+            // been handed the range meanwhile, and MAP_FIXED would unmap
+            // its memory.
             let at = libc::mmap(
                 old as *mut _,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
                 -1,
                 0,
             );
-            assert_eq!(at as usize, old);
+            assert_eq!(at as usize, old, "the range the region left was taken");
             std::ptr::write_bytes(old as *mut u8, 0xAB, len);
         }
         rt.release_discard();
@@ -1985,4 +1988,104 @@ fn waits_on_userfaultfd(tid: i32) -> bool {
             .next()
             .is_some_and(|rest| rest.trim_start().starts_with(['S', 'D']))
     })
+}
+
+/// Found by the model soak: the kernel hands a range the program unmapped
+/// out again, and a region managed there lay inside the range of an older
+/// region that still had other pages. Faults and events in the new region
+/// were looked up as the older one's, whose folios there are gone: stored
+/// bytes read back as zeros, and a move of the whole new region was taken
+/// for a cut through the older one (its handle stayed behind).
+#[test]
+fn a_region_in_a_hole_of_an_older_region_is_its_own() {
+    within(Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let older = rt.map(8 * MIB).unwrap();
+        let older_words = Words::of(&older);
+        for i in 0..older_words.count {
+            older_words.write(i, i as u64 ^ 0x5555);
+        }
+        // New memory replaces the middle of the older region (MAP_FIXED
+        // over our own range: no moment where another thread of the test
+        // could be handed it), and is managed as a region of its own.
+        let hole = older.as_ptr() as usize + 2 * MIB;
+        let len = 4 * MIB;
+        // SAFETY: the range is the older region's, which this test owns;
+        // the new mapping replaces it.
+        let at = unsafe {
+            libc::mmap(
+                hole as *mut _,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(at as usize, hole);
+        // SAFETY: a private anonymous mapping, folio-aligned, that stays
+        // mapped (or is moved through the kernel) while the region lives.
+        let newer = unsafe { rt.manage(hole as *mut u8, len) }.unwrap();
+        let words = Words::of(&newer);
+        for i in 0..words.count {
+            words.write(i, i as u64 ^ 0xABCD);
+        }
+        evict_to_limit(&rt);
+        assert!(rt.stats().evicted_folios > 0, "nothing was evicted");
+        let wrong = (0..words.count)
+            .filter(|&i| words.read(i) != i as u64 ^ 0xABCD)
+            .count();
+        assert_eq!(wrong, 0, "{wrong} words of the new region read wrong");
+
+        // Out again, then the new region moves whole: its handle follows,
+        // and its bytes are where it went.
+        evict_to_limit(&rt);
+        // SAFETY: a reservation for the move, which replaces part of it.
+        let target = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len + FOLIO,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        } as usize;
+        assert_ne!(target as *mut libc::c_void, libc::MAP_FAILED);
+        let to = target.next_multiple_of(FOLIO);
+        // SAFETY: moving the new region (ours) onto our reservation.
+        let moved = unsafe {
+            libc::mremap(
+                hole as *mut _,
+                len,
+                len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                to as *mut libc::c_void,
+            )
+        };
+        assert_eq!(moved as usize, to);
+        assert_eq!(
+            newer.current_base(),
+            to,
+            "the new region's handle stayed behind"
+        );
+        let words = Words::of(&newer);
+        let wrong = (0..words.count)
+            .filter(|&i| words.read(i) != i as u64 ^ 0xABCD)
+            .count();
+        assert_eq!(wrong, 0, "{wrong} words of the moved region read wrong");
+        for i in (0..older_words.count)
+            .filter(|&i| !(hole..hole + len).contains(&(older_words.base + 8 * i)))
+        {
+            assert_eq!(
+                older_words.read(i),
+                i as u64 ^ 0x5555,
+                "word {i} of the older region"
+            );
+        }
+        drop(newer);
+        drop(older);
+        // SAFETY: the reservation and the moved mapping in it, ours.
+        unsafe { libc::munmap(target as *mut _, len + FOLIO) };
+    });
 }

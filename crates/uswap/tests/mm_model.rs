@@ -95,6 +95,14 @@ struct Case {
     /// Reserved address space that moves land in (bump allocated).
     scratch: (usize, usize),
     scratch_used: usize,
+    /// The whole scratch mapping, unmapped at the end of the case but for
+    /// `foreign`.
+    scratch_map: (usize, usize),
+    /// Ranges of the scratch mapping the model freed and could not reserve
+    /// again: another thread of this process (the allocator, another test's
+    /// runtime) mapped something there meanwhile, which is not ours to
+    /// unmap.
+    foreign: Vec<(usize, usize)>,
     next_seed: u64,
     folio: usize,
     ops: Counts,
@@ -117,12 +125,53 @@ struct Counts {
     resizes: u64,
     forks: u64,
     checked_pages: u64,
+    /// Freed scratch ranges another mapping took before the model could
+    /// reserve them again.
+    scratch_taken: u64,
 }
 
 impl Case {
     fn seed(&mut self) -> u64 {
         self.next_seed += 1;
         self.next_seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1
+    }
+
+    /// Reserves again a range the model has just freed (munmap, mremap)
+    /// where it lies inside the scratch mapping, so that the unmap at the
+    /// end of the case takes nothing but what the model mapped. Between the
+    /// free and this call the range is free address space, which any
+    /// thread of the test process may be handed by mmap.
+    fn reserve_again(&mut self, start: usize, len: usize) {
+        let (lo, hi) = (
+            start.max(self.scratch_map.0),
+            (start + len).min(self.scratch_map.0 + self.scratch_map.1),
+        );
+        if lo >= hi {
+            return;
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped.
+        let r = unsafe {
+            libc::mmap(
+                lo as *mut _,
+                hi - lo,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if r as usize != lo {
+            if r != libc::MAP_FAILED {
+                // A kernel that took the flag as a hint placed it elsewhere.
+                // SAFETY: the mapping just made, nobody else's.
+                unsafe { libc::munmap(r, hi - lo) };
+            }
+            self.foreign.push((lo, hi));
+            self.ops.scratch_taken += 1;
+        }
     }
 
     /// A run of up to `max` consecutive model pages (same protection not
@@ -212,6 +261,7 @@ impl Case {
                 if let Some((start, len)) = self.run(40) {
                     // SAFETY: pages of the model, which only this test uses.
                     assert_eq!(unsafe { libc::munmap(start as *mut _, len) }, 0);
+                    self.reserve_again(start, len);
                     for addr in (start..start + len).step_by(PAGE) {
                         self.pages.remove(&addr);
                     }
@@ -222,9 +272,21 @@ impl Case {
                 if !self.regions.is_empty() {
                     let k = self.rng.gen_range(0..self.regions.len());
                     let (owner, region) = self.regions.swap_remove(k);
-                    // Dropping the handle unmaps what is still the region's;
-                    // pages moved out of it stay where they went.
+                    // Dropping the handle unmaps what is still the region's
+                    // (the pages the model counts as its owner's, wherever
+                    // a whole-region move took them); pages moved out of it
+                    // stay where they went.
+                    let mut freed: Vec<(usize, usize)> = Vec::new();
+                    for (&addr, _) in self.pages.iter().filter(|(_, p)| p.owner == owner) {
+                        match freed.last_mut() {
+                            Some((start, len)) if *start + *len == addr => *len += PAGE,
+                            _ => freed.push((addr, PAGE)),
+                        }
+                    }
                     drop(region);
+                    for (start, len) in freed {
+                        self.reserve_again(start, len);
+                    }
                     self.pages.retain(|_, p| p.owner != owner);
                     self.ops.region_drops += 1;
                 }
@@ -301,6 +363,7 @@ impl Case {
             // SAFETY: resizing pages of the model.
             let r = unsafe { libc::mremap(start as *mut _, len, keep, 0) };
             if r != libc::MAP_FAILED {
+                self.reserve_again(start + keep, len - keep);
                 for addr in (start + keep..start + len).step_by(PAGE) {
                     self.pages.remove(&addr);
                 }
@@ -331,6 +394,7 @@ impl Case {
             // The run spans mappings (mprotect split it): mremap refuses.
             return;
         }
+        self.reserve_again(start, len);
         self.scratch_used = dst + len + PAGE - self.scratch.0;
         for k in 0..len / PAGE {
             let page = self.pages.remove(&(start + k * PAGE)).unwrap();
@@ -344,6 +408,12 @@ impl Case {
         }
         if self.trace {
             eprintln!("  moved {start:#x}+{len:#x} to {dst:#x} (whole region: {whole})");
+        }
+        if whole {
+            assert!(
+                self.regions.iter().any(|(_, r)| r.as_ptr() as usize == dst),
+                "the handle of the region moved whole from {start:#x} to {dst:#x} stayed behind"
+            );
         }
         self.ops.moves += 1;
     }
@@ -546,6 +616,8 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
             scratch_len - 2 * MIB,
         ),
         scratch_used: 0,
+        scratch_map: (scratch as usize, scratch_len),
+        foreign: Vec::new(),
         next_seed: seed << 20,
         folio,
         ops: Counts::default(),
@@ -628,8 +700,18 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
     }
     drop(worker_region);
     case.regions.clear();
-    // SAFETY: the scratch reservation and whatever moved into it.
-    unsafe { libc::munmap(scratch, scratch_len) };
+    // The scratch reservation and whatever moved into it, but for what
+    // other threads mapped where the model had freed a range.
+    let end = scratch as usize + scratch_len;
+    let mut at = scratch as usize;
+    case.foreign.sort_unstable();
+    for (lo, hi) in case.foreign.iter().copied().chain([(end, end)]) {
+        if lo > at {
+            // SAFETY: the model's own range: reserved, moved into, or freed.
+            assert_eq!(unsafe { libc::munmap(at as *mut _, lo - at) }, 0);
+        }
+        at = at.max(hi);
+    }
     let rt = &case.rt;
     assert!(
         common::eventually(|| rt.stats().children == 0),

@@ -75,13 +75,23 @@ fn covered(region: &RegionInner, i: usize, start: usize, end: usize) -> (usize, 
     (lo / PAGE_SIZE, hi.div_ceil(PAGE_SIZE))
 }
 
-/// Each (region, folio) overlapping `start..end` in `space`.
+/// Each (region, folio) of `space` with a page of its own in `start..end`.
 fn folios_in(space: &Space, start: usize, end: usize) -> Vec<(Arc<RegionInner>, usize)> {
     let mut out = Vec::new();
     for region in space.overlapping(start, end) {
         let first = region.folio_of(start.max(region.base()));
         let last = region.folio_of(end.min(region.base() + region.len) - 1);
-        out.extend((first..=last).map(|i| (region.clone(), i)));
+        // Where the program cut the region, the range may hold memory that
+        // is not the region's (see `RegionInner::holds`).
+        let gaps = region.gaps();
+        out.extend(
+            (first..=last)
+                .filter(|&i| {
+                    let at = region.folio_addr(i);
+                    !region.all_gone(&gaps, at.max(start), (at + region.folio_size).min(end))
+                })
+                .map(|i| (region.clone(), i)),
+        );
     }
     out
 }

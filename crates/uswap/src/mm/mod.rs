@@ -1320,10 +1320,8 @@ impl Shared {
             .expect("regions lock")
             .retain(|r| r.id != region.id);
         let base = region.base();
-        let mut gaps = region.unmapped.lock().expect("unmapped lock").clone();
-        gaps.sort_unstable();
         let mut at = 0;
-        for (lo, hi) in gaps.into_iter().chain([(region.len, region.len)]) {
+        for (lo, hi) in region.gaps().into_iter().chain([(region.len, region.len)]) {
             if lo > at {
                 self.release_range(&own, base + at, lo - at, region.owned);
             }

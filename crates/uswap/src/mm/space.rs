@@ -79,10 +79,51 @@ impl RegionInner {
         self.base.load(Ordering::Acquire)
     }
 
-    /// Whether `addr` lies in the region.
+    /// Whether `addr` lies in the region's range (which, where the program
+    /// unmapped or moved part of it away, may hold memory that is not the
+    /// region's: see [`Self::holds`]).
     pub fn contains(&self, addr: usize) -> bool {
         let base = self.base();
         addr >= base && addr < base + self.len
+    }
+
+    /// Whether the page at `addr` is the region's: in its range, and not
+    /// unmapped or moved away by the program. The kernel hands a range the
+    /// program gave up out again, and what it maps there (a region of its
+    /// own, or pages a move carried there) must not be taken for this one.
+    pub fn holds(&self, addr: usize) -> bool {
+        // Gaps are whole pages: the page is gone if one gap holds it.
+        self.contains(addr) && {
+            let offset = addr - self.base();
+            !self
+                .unmapped
+                .lock()
+                .expect("unmapped lock")
+                .iter()
+                .any(|&(lo, hi)| lo <= offset && offset < hi)
+        }
+    }
+
+    /// The byte ranges the program unmapped or moved away, as offsets from
+    /// the region's start, sorted by start (they may overlap).
+    pub fn gaps(&self) -> Vec<(usize, usize)> {
+        let mut gaps = self.unmapped.lock().expect("unmapped lock").clone();
+        gaps.sort_unstable();
+        gaps
+    }
+
+    /// Whether every page of `start..end` (addresses in the region's range)
+    /// lies in `gaps` (from [`Self::gaps`]).
+    pub fn all_gone(&self, gaps: &[(usize, usize)], start: usize, end: usize) -> bool {
+        let base = self.base();
+        let (mut at, end) = (start - base, end - base);
+        for &(lo, hi) in gaps {
+            if lo > at {
+                break;
+            }
+            at = at.max(hi);
+        }
+        at >= end
     }
 
     /// Start address of folio `i`.
@@ -297,10 +338,12 @@ impl Space {
         })
     }
 
-    /// The region and folio index holding `addr`.
+    /// The region and folio index holding `addr` (see
+    /// [`RegionInner::holds`]: the ranges of regions the program cut holes
+    /// in may overlap others).
     pub fn lookup(&self, addr: usize) -> Option<(Arc<RegionInner>, usize)> {
         let regions = self.regions.read().expect("regions lock");
-        let r = regions.iter().find(|r| r.contains(addr))?;
+        let r = regions.iter().find(|r| r.holds(addr))?;
         Some((r.clone(), r.folio_of(addr)))
     }
 
