@@ -500,6 +500,28 @@ fn memory_filled_fast_after_start_is_held_to_the_limit() {
     );
 }
 
+/// New memory the kernel maps where the program unmapped managed memory
+/// (a whole block, then the middle of one) is managed like any other: it
+/// used to be taken for the old memory's, and escaped the limit.
+#[test]
+fn new_memory_where_old_memory_was_is_held_to_the_limit() {
+    let exe = build("reuse");
+    let out = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "64M", "--rescan-ms", "60000", "--"])
+        .arg(&exe));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let peak_kb: u64 = text(&out.stdout)
+        .trim()
+        .strip_prefix("peak ")
+        .unwrap_or_else(|| panic!("{}", text(&out.stdout)))
+        .parse()
+        .unwrap();
+    assert!(
+        peak_kb < 160 * 1024,
+        "peak {peak_kb} KiB while filling 256 MiB of new memory under 64 MiB"
+    );
+}
+
 /// A program that keeps changing the layout of its memory from several
 /// threads (unmapping blocks and pieces of blocks and mapping new memory at
 /// the same addresses, dropping, write-protecting, forking) while it works

@@ -155,14 +155,16 @@ impl Attached {
         self.space.alive.load(Ordering::Acquire) && self.space.uffd.is_alive()
     }
 
-    /// The ranges managed so far, as `(start, len)` where they are now.
+    /// The ranges managed so far, as `(start, len)` where they are now,
+    /// less what the program unmapped or moved away: new memory the kernel
+    /// mapped there is not managed yet.
     pub fn managed(&self) -> Vec<(usize, usize)> {
         self.space
             .regions
             .read()
             .expect("regions lock")
             .iter()
-            .map(|r| (r.base(), r.len))
+            .flat_map(|r| r.live_ranges())
             .collect()
     }
 

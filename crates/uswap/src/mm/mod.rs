@@ -1319,13 +1319,8 @@ impl Shared {
             .write()
             .expect("regions lock")
             .retain(|r| r.id != region.id);
-        let base = region.base();
-        let mut at = 0;
-        for (lo, hi) in region.gaps().into_iter().chain([(region.len, region.len)]) {
-            if lo > at {
-                self.release_range(&own, base + at, lo - at, region.owned);
-            }
-            at = at.max(hi);
+        for (start, len) in region.live_ranges() {
+            self.release_range(&own, start, len, region.owned);
         }
         drop(gate);
         self.reclaimed.1.notify_all();

@@ -112,6 +112,22 @@ impl RegionInner {
         gaps
     }
 
+    /// What of the region's range is still the region's, as `(start, len)`
+    /// at its current place: the range less what the program unmapped or
+    /// moved away.
+    pub fn live_ranges(&self) -> Vec<(usize, usize)> {
+        let base = self.base();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for (lo, hi) in self.gaps().into_iter().chain([(self.len, self.len)]) {
+            if lo > at {
+                out.push((base + at, lo - at));
+            }
+            at = at.max(hi);
+        }
+        out
+    }
+
     /// Whether every page of `start..end` (addresses in the region's range)
     /// lies in `gaps` (from [`Self::gaps`]).
     pub fn all_gone(&self, gaps: &[(usize, usize)], start: usize, end: usize) -> bool {
