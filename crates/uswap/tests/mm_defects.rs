@@ -2089,3 +2089,54 @@ fn a_region_in_a_hole_of_an_older_region_is_its_own() {
         unsafe { libc::munmap(target as *mut _, len + FOLIO) };
     });
 }
+
+/// What an attached process's scan takes for managed (`uswap run` manages
+/// the rest of the program's memory): a hole the program unmapped is left
+/// out, so that new memory the kernel maps there is managed anew, and a
+/// region unmapped whole is forgotten (a program mapping and unmapping all
+/// the time would otherwise grow the list of regions without bound).
+#[test]
+fn unmapped_memory_is_no_longer_taken_for_managed() {
+    use uswap::mm::memory::{Discarded, DropError, DropPages};
+    // Nothing leaves: the test is about the bookkeeping of the ranges.
+    struct Keeper;
+    impl DropPages for Keeper {
+        fn drop_pages(&self, _: usize, _: usize) -> Result<(), DropError> {
+            Ok(())
+        }
+        fn move_out(&self, _: usize, _: usize) -> Discarded {
+            Discarded {
+                bytes: 0,
+                again: false,
+                shared: true,
+            }
+        }
+    }
+    within(Duration::from_secs(60), || {
+        let (rt, attached, base, len) = attached_self(Box::new(Keeper));
+        assert_eq!(attached.managed(), vec![(base, len)]);
+        assert_eq!(rt.stats().regions, 1);
+        // SAFETY: the test's own mapping, which nothing else uses.
+        assert_eq!(unsafe { libc::munmap((base + MIB) as *mut _, MIB) }, 0);
+        let left = vec![(base, MIB), (base + 2 * MIB, len - 2 * MIB)];
+        assert!(
+            eventually(|| attached.managed() == left),
+            "{:x?}",
+            attached.managed()
+        );
+        assert_eq!(rt.stats().regions, 1);
+        // What is left of it; not the hole, where the kernel may have mapped
+        // another thread's memory since (the runtime's own buffers).
+        for (start, len) in left {
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::munmap(start as *mut _, len) }, 0);
+        }
+        assert!(
+            eventually(|| rt.stats().regions == 0),
+            "{:x?}",
+            attached.managed()
+        );
+        assert!(attached.managed().is_empty());
+        drop(attached);
+    });
+}

@@ -25,16 +25,21 @@ macro_rules! counters {
             pub unfit_bytes: u64,
             /// Forked address spaces being served now.
             pub children: u64,
+            /// Regions tracked now, in every address space served: one per
+            /// managed range, forgotten once the program has unmapped or
+            /// moved away all of it.
+            pub regions: u64,
         }
 
         impl Counters {
-            pub fn snapshot(&self, store: ZswapStats, resident_bytes: u64, unfit_bytes: u64, children: u64) -> RuntimeStats {
+            pub fn snapshot(&self, store: ZswapStats, resident_bytes: u64, unfit_bytes: u64, children: u64, regions: u64) -> RuntimeStats {
                 RuntimeStats {
                     store,
                     $($name: self.$name.load(Relaxed),)*
                     resident_bytes,
                     unfit_bytes,
                     children,
+                    regions,
                 }
             }
         }
@@ -47,6 +52,7 @@ macro_rules! counters {
                 v.push(("resident_bytes".to_string(), self.resident_bytes));
                 v.push(("unfit_bytes".to_string(), self.unfit_bytes));
                 v.push(("children".to_string(), self.children));
+                v.push(("regions".to_string(), self.regions));
                 v
             }
         }

@@ -189,6 +189,7 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
             _ => {}
         }
     }
+    space.forget_regions_gone();
 }
 
 /// Remembers that the program unmapped `len` bytes at `offset` of the
@@ -287,6 +288,7 @@ pub(crate) fn on_remap(
             _ => {}
         }
     }
+    space.forget_regions_gone();
 }
 
 /// The address space `parent` forked: the child's registered memory now

@@ -40,8 +40,8 @@
 //! # Lock order
 //!
 //! `gate` -> `spaces` -> a space's `regions` -> `inheritors` -> a space's
-//! `extras` -> `fifo` / `given_up` / `own_drops` / `faults` / `reclaimed`
-//! (leaves). Folio
+//! `extras` -> `fifo` / `given_up` / `own_drops` / `faults` / `reclaimed` /
+//! a region's `unmapped` (leaves). Folio
 //! words are atomics; a busy state (ZEROING, LOADING, EVICTING) makes its
 //! setter the folio's only writer until it publishes the next state.
 //!
@@ -899,17 +899,19 @@ fn fail_loudly(name: &str, body: impl FnOnce()) {
 impl Shared {
     /// A snapshot of every counter.
     pub fn stats(&self) -> RuntimeStats {
-        let children = self
-            .spaces
-            .read()
-            .expect("spaces lock")
-            .len()
-            .saturating_sub(1) as u64;
+        let spaces = self.spaces.read().expect("spaces lock");
+        let children = spaces.len().saturating_sub(1) as u64;
+        let regions = spaces
+            .iter()
+            .map(|s| s.regions.read().expect("regions lock").len() as u64)
+            .sum();
+        drop(spaces);
         self.counters.snapshot(
             self.store.stats(),
             self.resident.load(Ordering::Relaxed) as u64,
             self.unfit.load(Ordering::Relaxed) as u64,
             children,
+            regions,
         )
     }
 

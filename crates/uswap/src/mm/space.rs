@@ -404,6 +404,18 @@ impl Space {
         *strays = kept;
     }
 
+    /// Forgets the regions the program has unmapped or moved away whole
+    /// (at once or in pieces): nothing in their ranges is theirs any more,
+    /// and a program that maps and unmaps all the time would otherwise grow
+    /// the list, and every lookup, without bound. A folio of theirs still
+    /// busy settles as GONE through the reference its owner holds.
+    pub fn forget_regions_gone(&self) {
+        self.regions
+            .write()
+            .expect("regions lock")
+            .retain(|r| !r.all_gone(&r.gaps(), r.base(), r.base() + r.len));
+    }
+
     /// The regions overlapping `start..end`.
     pub fn overlapping(&self, start: usize, end: usize) -> Vec<Arc<RegionInner>> {
         self.regions
