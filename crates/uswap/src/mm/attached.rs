@@ -182,6 +182,19 @@ impl Attached {
                 "manage: the range must be whole, aligned folios",
             ));
         }
+        // Under the gate: no event is applied between the registration and
+        // the region's entry (an unmap of the range meanwhile would find no
+        // region, and leave this one over memory that is gone).
+        let _gate = shared.read_gate();
+        // Pages a move carried here whose folio's owner has yet to install
+        // them: a region here would take them for untouched memory and fill
+        // them with zeros. The next scan takes the range once they are in.
+        if self.space.awaits_moved_pages(start, start + len) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("manage: {start:#x}+{len:#x} awaits pages a move carried there"),
+            ));
+        }
         self.space.uffd.register(start, len).map_err(|e| match e {
             UffdError::Os(os) => os,
             other => io::Error::other(format!("registering {start:#x}+{len:#x}: {other}")),

@@ -676,7 +676,7 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
     let Some((region, i)) = space.lookup(fault.addr) else {
         // Pages a move carried out of a folio that is not back yet: its
         // owner installs them and wakes this range.
-        if space.awaits_moved_page(page) {
+        if space.awaits_moved_pages(page, page + PAGE_SIZE) {
             return Step::Done;
         }
         // Other registered memory no region tracks (moved out of a region
@@ -760,7 +760,7 @@ fn serve_write_protected(
 ) -> (Step, Option<(usize, usize)>) {
     let one = Some((page, PAGE_SIZE));
     let Some((region, i)) = space.lookup(fault.addr) else {
-        if space.awaits_moved_page(page) {
+        if space.awaits_moved_pages(page, page + PAGE_SIZE) {
             return (Step::Done, None);
         }
         // Registered memory no region tracks: the protection is stale.

@@ -260,10 +260,10 @@ impl Extras {
         self.moved = runs;
     }
 
-    /// Whether moved pages wait to be installed at `addr`.
-    pub fn awaited_at(&self, addr: usize) -> bool {
+    /// Whether moved pages wait to be installed in `start..end`.
+    pub fn awaited_in(&self, start: usize, end: usize) -> bool {
         self.moved_ranges()
-            .any(|(to, len)| (to..to + len).contains(&addr))
+            .any(|(to, len)| to < end && start < to + len)
     }
 }
 
@@ -363,16 +363,17 @@ impl Space {
         Some((r.clone(), r.folio_of(addr)))
     }
 
-    /// Whether `addr` is where a move carried pages of a folio whose bytes
-    /// are not back yet (a swapped or busy folio with moved extras): the
-    /// folio's owner installs them there and wakes the range, so a fault
-    /// there must wait rather than read zeros.
-    pub fn awaits_moved_page(&self, addr: usize) -> bool {
+    /// Whether `start..end` holds pages a move carried out of a folio whose
+    /// bytes are not back yet (a swapped or busy folio with moved extras):
+    /// the folio's owner installs them there and wakes the range, so a
+    /// fault there must wait rather than read zeros, and the range is not
+    /// to be taken for new memory.
+    pub fn awaits_moved_pages(&self, start: usize, end: usize) -> bool {
         self.extras
             .lock()
             .expect("extras lock")
             .values()
-            .any(|x| x.awaited_at(addr))
+            .any(|x| x.awaited_in(start, end))
     }
 
     /// Applies a program event over `start..end` to every folio's pages
