@@ -92,6 +92,11 @@ counters! {
     /// pages of, in its grace (`drop_grace`): the kernel may not have
     /// zapped them yet (`folio::DROPPED`).
     drop_grace_waits,
+    /// Times a space's events, held while the reclaimer's drop in place
+    /// was in flight, were read again because the hold reached its bound
+    /// with the drop still in flight (`fault.rs`, `HOLD_MAX_MS`): the
+    /// window the hold closes was open again.
+    event_holds_expired,
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.
     eviction_drop_failed,

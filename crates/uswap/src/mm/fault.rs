@@ -106,6 +106,12 @@ fn events_held(shared: &Shared, space: &Space) -> bool {
     if since < HOLD_MAX_MS && same_drop {
         return true;
     }
+    if same_drop {
+        shared
+            .counters
+            .event_holds_expired
+            .fetch_add(1, Ordering::Relaxed);
+    }
     space.events_held_for.store(0, Ordering::Release);
     false
 }
@@ -213,8 +219,8 @@ impl EventThread<'_> {
     /// program map and write new memory there before the zap. Held, the
     /// program's munmap returns only after the zap. (A drop over several
     /// mappings raises one REMOVE per mapping, each after the zap of the
-    /// one before, so only its last can be held for: the mappings before
-    /// keep the window.)
+    /// one before, so only its last can be held for: the reclaimer drops
+    /// one mapping at a time.)
     fn read_raw(&mut self) -> usize {
         let shared = self.shared;
         let spaces = shared.spaces.read().expect("spaces lock");

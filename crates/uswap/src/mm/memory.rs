@@ -109,15 +109,6 @@ impl Memory {
         }
     }
 
-    /// Whether stored pages may leave by a move (the rest are dropped in
-    /// place).
-    pub fn moves(&self) -> bool {
-        match self {
-            Memory::Own { scratch, .. } => scratch.is_some(),
-            Memory::Remote { moves, .. } => *moves,
-        }
-    }
-
     fn pid(&self) -> libc::pid_t {
         match self {
             // SAFETY: getpid has no preconditions.

@@ -564,7 +564,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // the gate is released; the event thread then reads nothing more
             // of the process until the drop has returned (see `fault.rs`,
             // `read_raw`), which closes the window for a drop over one
-            // mapping, not for the mappings before the last of several.
+            // mapping: a drop never covers more than one.
             let (settled, registered) = settled_gate(shared, space, at, end - at);
             // Part of the range no longer registered: unmapped, and perhaps
             // mapped anew by the program (whose pages a discard would take).
@@ -660,7 +660,12 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 piece_end = end;
                 continue;
             }
-            if bytes == 0 && piece_end == end && memory.moves() {
+            // One mapping at a time, for moves (the kernel moves only
+            // inside one) and for drops in place alike: a drop over several
+            // mappings raises a REMOVE per mapping, each after the zap of
+            // the one before, and only its last is held for (`fault.rs`,
+            // `read_raw`); over one, its only REMOVE is its last.
+            if bytes == 0 && piece_end == end {
                 if let Some((_, mapping_end)) = memory.mapping_at(at) {
                     if mapping_end < end {
                         piece_end = mapping_end;
