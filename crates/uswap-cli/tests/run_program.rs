@@ -483,17 +483,7 @@ fn a_config_file_sets_options_that_the_environment_and_flags_override() {
 /// below what it fills.
 #[test]
 fn memory_filled_fast_after_start_is_held_to_the_limit() {
-    let exe = build("fastgrow");
-    let out = run(Command::new(USWAP)
-        .args(["run", "--memory-high", "64M", "--rescan-ms", "60000", "--"])
-        .arg(&exe));
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let peak_kb: u64 = text(&out.stdout)
-        .trim()
-        .strip_prefix("peak ")
-        .unwrap_or_else(|| panic!("{}", text(&out.stdout)))
-        .parse()
-        .unwrap();
+    let peak_kb = peak_under_64m("fastgrow");
     assert!(
         peak_kb < 256 * 1024,
         "peak {peak_kb} KiB while filling 512 MiB under 64 MiB"
@@ -505,21 +495,28 @@ fn memory_filled_fast_after_start_is_held_to_the_limit() {
 /// used to be taken for the old memory's, and escaped the limit.
 #[test]
 fn new_memory_where_old_memory_was_is_held_to_the_limit() {
-    let exe = build("reuse");
-    let out = run(Command::new(USWAP)
-        .args(["run", "--memory-high", "64M", "--rescan-ms", "60000", "--"])
-        .arg(&exe));
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let peak_kb: u64 = text(&out.stdout)
-        .trim()
-        .strip_prefix("peak ")
-        .unwrap_or_else(|| panic!("{}", text(&out.stdout)))
-        .parse()
-        .unwrap();
+    let peak_kb = peak_under_64m("reuse");
     assert!(
         peak_kb < 160 * 1024,
         "peak {peak_kb} KiB while filling 256 MiB of new memory under 64 MiB"
     );
+}
+
+/// Runs test program `name` under `uswap run --memory-high 64M`, with the
+/// periodic scan a minute away (new memory must be picked up as it is
+/// filled), and returns the peak resident memory it prints (`peak KIB`).
+fn peak_under_64m(name: &str) -> u64 {
+    let exe = build(name);
+    let out = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "64M", "--rescan-ms", "60000", "--"])
+        .arg(&exe));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .trim()
+        .strip_prefix("peak ")
+        .unwrap_or_else(|| panic!("{}", text(&out.stdout)))
+        .parse()
+        .unwrap()
 }
 
 /// A program that keeps changing the layout of its memory from several

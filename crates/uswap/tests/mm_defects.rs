@@ -1819,6 +1819,27 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
     });
 }
 
+/// A dropper for an attached process whose every move is refused for a
+/// page shared with another process (EBUSY), counting the drops in place
+/// asked of it (which do nothing).
+struct SharedPages {
+    drops: Arc<AtomicUsize>,
+}
+
+impl uswap::mm::memory::DropPages for SharedPages {
+    fn drop_pages(&self, _: usize, _: usize) -> Result<(), uswap::mm::memory::DropError> {
+        self.drops.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+    fn move_out(&self, _: usize, _: usize) -> uswap::mm::memory::Discarded {
+        uswap::mm::memory::Discarded {
+            bytes: 0,
+            again: false,
+            shared: true,
+        }
+    }
+}
+
 /// A move refused because a page is shared with another process (EBUSY: a
 /// forked child still maps it) leaves the run in memory: dropped in place,
 /// the page would not be freed while the child keeps it, and the drop's
@@ -1827,26 +1848,9 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
 /// whole.
 #[test]
 fn a_run_with_a_page_shared_with_a_child_is_not_dropped_in_place() {
-    use uswap::mm::memory::{Discarded, DropError, DropPages};
-    struct Shared {
-        drops: Arc<AtomicUsize>,
-    }
-    impl DropPages for Shared {
-        fn drop_pages(&self, _: usize, _: usize) -> Result<(), DropError> {
-            self.drops.fetch_add(1, Ordering::AcqRel);
-            Ok(())
-        }
-        fn move_out(&self, _: usize, _: usize) -> Discarded {
-            Discarded {
-                bytes: 0,
-                again: false,
-                shared: true,
-            }
-        }
-    }
     within(Duration::from_secs(60), || {
         let drops = Arc::new(AtomicUsize::new(0));
-        let dropper = Shared {
+        let dropper = SharedPages {
             drops: drops.clone(),
         };
         let (rt, attached, base, len) = attached_self(Box::new(dropper));
@@ -2125,23 +2129,12 @@ fn a_region_in_a_hole_of_an_older_region_is_its_own() {
 /// the time would otherwise grow the list of regions without bound).
 #[test]
 fn unmapped_memory_is_no_longer_taken_for_managed() {
-    use uswap::mm::memory::{Discarded, DropError, DropPages};
-    // Nothing leaves: the test is about the bookkeeping of the ranges.
-    struct Keeper;
-    impl DropPages for Keeper {
-        fn drop_pages(&self, _: usize, _: usize) -> Result<(), DropError> {
-            Ok(())
-        }
-        fn move_out(&self, _: usize, _: usize) -> Discarded {
-            Discarded {
-                bytes: 0,
-                again: false,
-                shared: true,
-            }
-        }
-    }
     within(Duration::from_secs(60), || {
-        let (rt, attached, base, len) = attached_self(Box::new(Keeper));
+        // Nothing leaves: the test is about the bookkeeping of the ranges.
+        let keeper = SharedPages {
+            drops: Arc::new(AtomicUsize::new(0)),
+        };
+        let (rt, attached, base, len) = attached_self(Box::new(keeper));
         assert_eq!(attached.managed(), vec![(base, len)]);
         assert_eq!(rt.stats().regions, 1);
         // SAFETY: the test's own mapping, which nothing else uses.
