@@ -375,11 +375,15 @@ impl Case {
         if dst + len > self.scratch.0 + self.scratch.1 {
             return;
         }
-        // A whole region moves with its handle; a part leaves it.
+        // A whole region moves with its handle; a part leaves it. The
+        // region is the one whose pages these are: a region the program
+        // has unmapped all of keeps its handle (and its address), where the
+        // kernel may have mapped a newer region since.
+        let owner = self.pages[&start].owner;
         let whole = self
             .regions
             .iter()
-            .any(|(_, r)| r.as_ptr() as usize == start && r.len() == len);
+            .any(|(o, r)| *o == owner && r.as_ptr() as usize == start && r.len() == len);
         // SAFETY: moving pages of the model onto reserved scratch space.
         let r = unsafe {
             libc::mremap(
@@ -413,7 +417,10 @@ impl Case {
         // after; the next step's `whole` needs the handle where it went.
         if whole {
             assert!(
-                common::eventually(|| self.regions.iter().any(|(_, r)| r.as_ptr() as usize == dst)),
+                common::eventually(|| self
+                    .regions
+                    .iter()
+                    .any(|(o, r)| *o == owner && r.as_ptr() as usize == dst)),
                 "the handle of the region moved whole from {start:#x} to {dst:#x} stayed behind"
             );
         }
