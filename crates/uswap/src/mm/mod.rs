@@ -529,6 +529,11 @@ impl Runtime {
     fn register(&self, base: usize, len: usize, initial: u64, owned: bool) -> io::Result<Region> {
         let shared = &self.shared;
         let own = shared.own_space();
+        // Under the gate: an unmap (or a mapping made over older memory)
+        // returns once its event is read, which is applied under the gate's
+        // write side; entered before that, the new region would take the
+        // older memory's event for its own and be given up whole.
+        let _gate = shared.read_gate();
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(RegionInner::new(
             id,
