@@ -36,6 +36,27 @@ fn check_range(base: usize, from: usize, to: usize, what: &str) {
     }
 }
 
+/// Moves `len` bytes at `from` onto `to` (mremap, MREMAP_FIXED), asserting
+/// that they went there; returns `to`.
+///
+/// # Safety
+/// `from..from + len` is the caller's own memory, and `to..to + len` its
+/// own reservation, which the move replaces.
+unsafe fn move_pages_onto(from: usize, len: usize, to: usize) -> usize {
+    // SAFETY: as the caller promises.
+    let at = unsafe {
+        libc::mremap(
+            from as *mut _,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_eq!(at as usize, to, "mremap");
+    to
+}
+
 /// Reported: munmap of one page inside a swapped folio read the other 60 KiB
 /// of that folio back as zeros.
 #[test]
@@ -686,17 +707,7 @@ fn a_page_dropped_before_a_move_reads_zero_where_it_went() {
     assert_ne!(scratch, libc::MAP_FAILED);
     let (from, len) = (folio + 2 * PAGE, 6 * PAGE);
     // SAFETY: moving pages of our own region onto our reservation.
-    let to = unsafe {
-        libc::mremap(
-            from as *mut _,
-            len,
-            len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            scratch,
-        )
-    };
-    assert_eq!(to, scratch, "mremap");
-    let to = to as usize;
+    let to = unsafe { move_pages_onto(from, len, scratch as usize) };
     for k in 0..len / PAGE {
         let (old, new) = (from + k * PAGE, to + k * PAGE);
         for w in (0..PAGE).step_by(8) {
@@ -779,16 +790,7 @@ fn leaves_nothing_registered_child() {
     assert_ne!(scratch, libc::MAP_FAILED);
     let from = base + FOLIO + 2 * PAGE;
     // SAFETY: moving two pages of our own region onto our reservation.
-    let to = unsafe {
-        libc::mremap(
-            from as *mut _,
-            2 * PAGE,
-            2 * PAGE,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            scratch,
-        )
-    };
-    assert_eq!(to, scratch);
+    unsafe { move_pages_onto(from, 2 * PAGE, scratch as usize) };
     // A child that outlives the runtime, holding copies of its descriptors.
     let mut pipe = [0; 2];
     // SAFETY: a pipe for the child to wait on.
@@ -882,16 +884,7 @@ fn move_two_pages_out(region: &uswap::mm::Region) {
     assert_ne!(scratch, libc::MAP_FAILED);
     let from = region.as_ptr() as usize + FOLIO + 2 * PAGE;
     // SAFETY: moving two pages of our own region onto our reservation.
-    let to = unsafe {
-        libc::mremap(
-            from as *mut _,
-            2 * PAGE,
-            2 * PAGE,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            scratch,
-        )
-    };
-    assert_eq!(to, scratch);
+    unsafe { move_pages_onto(from, 2 * PAGE, scratch as usize) };
 }
 
 /// Found by a long model soak: while a runtime ended (its threads stopping)
@@ -1353,16 +1346,7 @@ fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
         assert!(rt.wait_finish_held(), "no flush reached its finish");
         let moved = base + PAGE;
         // SAFETY: moving one page of our own region onto our reservation.
-        let at = unsafe {
-            libc::mremap(
-                moved as *mut _,
-                PAGE,
-                PAGE,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                target as *mut libc::c_void,
-            )
-        };
-        assert_eq!(at as usize, target);
+        unsafe { move_pages_onto(moved, PAGE, target) };
         // SAFETY: the child only reads the moved page into the shared
         // report page and ends at once.
         let pid = unsafe { libc::fork() };
@@ -2085,16 +2069,7 @@ fn a_region_in_a_hole_of_an_older_region_is_its_own() {
         assert_ne!(target as *mut libc::c_void, libc::MAP_FAILED);
         let to = target.next_multiple_of(FOLIO);
         // SAFETY: moving the new region (ours) onto our reservation.
-        let moved = unsafe {
-            libc::mremap(
-                hole as *mut _,
-                len,
-                len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                to as *mut libc::c_void,
-            )
-        };
-        assert_eq!(moved as usize, to);
+        unsafe { move_pages_onto(hole, len, to) };
         // The move's event is read before mremap returns, and applied
         // right after.
         assert!(

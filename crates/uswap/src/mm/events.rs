@@ -189,7 +189,7 @@ pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize)
             _ => {}
         }
     }
-    space.forget_regions_gone();
+    space.forget_regions_gone(start, end);
 }
 
 /// Remembers that the program unmapped `len` bytes at `offset` of the
@@ -288,7 +288,7 @@ pub(crate) fn on_remap(
             _ => {}
         }
     }
-    space.forget_regions_gone();
+    space.forget_regions_gone(from, from + len);
 }
 
 /// The address space `parent` forked: the child's registered memory now

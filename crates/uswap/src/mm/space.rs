@@ -405,16 +405,26 @@ impl Space {
         *strays = kept;
     }
 
-    /// Forgets the regions the program has unmapped or moved away whole
-    /// (at once or in pieces): nothing in their ranges is theirs any more,
-    /// and a program that maps and unmaps all the time would otherwise grow
-    /// the list, and every lookup, without bound. A folio of theirs still
-    /// busy settles as GONE through the reference its owner holds.
-    pub fn forget_regions_gone(&self) {
-        self.regions
-            .write()
-            .expect("regions lock")
-            .retain(|r| !r.all_gone(&r.gaps(), r.base(), r.base() + r.len));
+    /// Forgets the regions overlapping `start..end` (the range of an event
+    /// just applied: no other region's holes changed) that the program has
+    /// unmapped or moved away whole, at once or in pieces: nothing in their
+    /// ranges is theirs any more, and a program that maps and unmaps all the
+    /// time would otherwise grow the list, and every lookup, without bound.
+    /// A folio of theirs still busy settles as GONE through the reference
+    /// its owner holds.
+    pub fn forget_regions_gone(&self, start: usize, end: usize) {
+        let gone: Vec<u32> = self
+            .overlapping(start, end)
+            .iter()
+            .filter(|r| r.all_gone(&r.gaps(), r.base(), r.base() + r.len))
+            .map(|r| r.id)
+            .collect();
+        if !gone.is_empty() {
+            self.regions
+                .write()
+                .expect("regions lock")
+                .retain(|r| !gone.contains(&r.id));
+        }
     }
 
     /// The regions overlapping `start..end`.
