@@ -467,6 +467,31 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
     }
 }
 
+/// Drops `start..start + len` in place (MADV_DONTNEED); 0 or an errno.
+///
+/// The supervisor checked the range under its event gate, then let the gate
+/// go and asked: meanwhile another thread of the program may have unmapped
+/// part of it and mapped new memory there, which the madvise would drop
+/// without an event (it is not registered). So the range is probed first,
+/// as before a move: re-protecting it (a change of nothing) fails with
+/// EAGAIN while an event is unread and with ENOENT where it is no longer
+/// wholly registered, and then nothing is dropped. (MADV_DONTNEED itself
+/// answers neither.)
+fn drop_in_place(start: usize, len: usize) -> i32 {
+    let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
+    if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
+        return e;
+    }
+    // SAFETY: the supervisor drops only pages of managed folios it has
+    // stored (MADV_DONTNEED cannot harm memory safety: the pages read back
+    // as the supervisor installs them).
+    if unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) } == 0 {
+        0
+    } else {
+        errno()
+    }
+}
+
 fn start(name: &[u8]) -> Result<(), &'static str> {
     let mut saved = [0u8; 108];
     if name.len() > saved.len() {
@@ -619,14 +644,9 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
     loop {
         match next_request(sock) {
             Ok(Request::Drop { seq, start, len }) => {
-                // SAFETY: the supervisor drops only pages of managed folios
-                // it has stored (MADV_DONTNEED cannot harm memory safety:
-                // the pages read back as the supervisor installs them).
-                let r =
-                    unsafe { libc::madvise(start as *mut _, len as usize, libc::MADV_DONTNEED) };
                 let answer = Dropped {
                     seq,
-                    errno: if r == 0 { 0 } else { errno() },
+                    errno: drop_in_place(start as usize, len as usize),
                     moved: 0,
                 };
                 if !answer_with(sock, &answer) {

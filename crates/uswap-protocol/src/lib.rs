@@ -17,7 +17,7 @@
 //!   (agent thread, if Managed)
 //!        <------- Discard {seq, start, len}   (moves, where the kernel can)
 //!   Dropped {seq, errno, moved} ----------->
-//!        <------- Drop {seq, start, len}      (MADV_DONTNEED in place)
+//!        <------- Drop {seq, start, len}      (probe, then MADV_DONTNEED in place)
 //!   Dropped {seq, errno, moved: 0} -------->
 //!        <------- Release          (the supervisor lets go; the agent ends
 //!                                    quietly. Without it, end of file means
@@ -79,7 +79,10 @@ pub enum Verdict {
 /// A request from the supervisor to the agent thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
-    /// MADV_DONTNEED `start..start + len`; answered with a [`Dropped`].
+    /// MADV_DONTNEED `start..start + len`, once a write-protect probe
+    /// through the program's userfaultfd finds the range wholly registered
+    /// and no event unread (EAGAIN or ENOENT otherwise, and nothing
+    /// dropped); answered with a [`Dropped`].
     Drop {
         /// Echoed in the answer.
         seq: u64,

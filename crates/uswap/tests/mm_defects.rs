@@ -1989,6 +1989,62 @@ fn memory_mapped_where_a_drop_in_place_waits(split: bool) {
     });
 }
 
+/// Found by `churn` under `uswap run --discard in-place`: another thread
+/// of the program replaces a piece of a run the reclaimer has checked and
+/// is about to drop in place (its UNMAP event is read before the drop
+/// raises its own), and writes the new memory. The madvise walks the range
+/// mapping by mapping, and the new memory, not registered, was dropped
+/// without an event: its bytes read as zeros.
+#[test]
+fn new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
+        rt.hold_next_drop();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_drop_held(), "no drop in place was made");
+        // Inside the second folio: the drop's run starts at the oldest.
+        let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
+        replace_with_new_memory(piece, plen);
+        rt.release_drop();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the new memory mapped above.
+        let new = unsafe { std::slice::from_raw_parts(piece as *const u8, plen) };
+        let lost = new.iter().filter(|&&b| b != 0xCD).count();
+        assert_eq!(lost, 0, "{lost} bytes of the new memory lost");
+        check_range(base, base, piece, "before the new memory");
+        check_range(base, piece + plen, base + len, "after the new memory");
+    });
+}
+
+/// A program's MADV_DONTNEED of a piece at the start of a run the reclaimer
+/// is about to drop in place, read before the drop's own event. REMOVE
+/// events carry no thread: it was taken for the first of the drop's
+/// events (it started where the drop does), the piece was not recorded as
+/// given up, and it read back its old bytes from the stored copy instead
+/// of zeros.
+#[test]
+fn a_program_drop_at_the_start_of_a_drop_in_place_reads_as_zeros() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
+        rt.hold_next_drop();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_drop_held(), "no drop in place was made");
+        let plen = FOLIO / 4;
+        // SAFETY: the test's own region.
+        assert_eq!(
+            unsafe { libc::madvise(base as *mut _, plen, libc::MADV_DONTNEED) },
+            0
+        );
+        rt.release_drop();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the region mapped above.
+        let piece = unsafe { std::slice::from_raw_parts(base as *const u8, plen) };
+        let old = piece.iter().filter(|&&b| b != 0).count();
+        assert_eq!(old, 0, "{old} bytes of the dropped piece read back");
+        check_range(base, base + plen, base + len, "after the dropped piece");
+    });
+}
+
 /// Whether thread `tid` of this process sleeps where the kernel holds a
 /// thread until its userfaultfd event is read (by its wait channel, or, where
 /// that is hidden, by its sleeping: the kernel's wait there is killable,

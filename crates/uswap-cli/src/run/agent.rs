@@ -95,6 +95,8 @@ impl DropPages for AgentLink {
         match answer.errno {
             0 => Ok(()),
             libc::ENOMEM => Err(DropError::Unmapped),
+            // From the agent's probe before the madvise: nothing dropped.
+            libc::EAGAIN | libc::ENOENT => Err(DropError::Changed),
             e => Err(DropError::Failed(io::Error::from_raw_os_error(e))),
         }
     }

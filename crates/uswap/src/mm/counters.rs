@@ -97,6 +97,11 @@ counters! {
     /// with the drop still in flight (`fault.rs`, `HOLD_MAX_MS`): the
     /// window the hold closes was open again.
     event_holds_expired,
+    /// Drops in place not made because the check right before the madvise
+    /// found an event of the process unread, or the range no longer wholly
+    /// registered (a part unmapped, new memory mapped there): looked at
+    /// again, and the folios stay where it changed.
+    drop_in_place_changed,
     /// Drops (MADV_DONTNEED) of stored folios that failed: the folios
     /// stayed resident and their stored copies were freed.
     eviction_drop_failed,

@@ -18,6 +18,7 @@
 
 use super::scratch::Scratch;
 pub use super::scratch::{Discarded, SCRATCH_LEN};
+use super::uffd::{Uffd, UffdError};
 use crate::page::{PageMask, PAGE_SIZE};
 use std::fs::File;
 use std::io;
@@ -29,6 +30,10 @@ pub enum DropError {
     /// Part of the range is not mapped (the program unmapped it meanwhile);
     /// the rest was dropped.
     Unmapped,
+    /// Nothing was dropped: right before the madvise, an event of the
+    /// process was unread, or the range was no longer wholly registered
+    /// (see [`DropPages::drop_pages`]). The caller looks at the range again.
+    Changed,
     /// The process is gone.
     Gone,
     /// Anything else: the pages may still be there.
@@ -39,6 +44,7 @@ impl std::fmt::Display for DropError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DropError::Unmapped => write!(f, "part of the range is not mapped"),
+            DropError::Changed => write!(f, "the range changed before the drop"),
             DropError::Gone => write!(f, "the process is gone"),
             DropError::Failed(e) => write!(f, "{e}"),
         }
@@ -48,7 +54,19 @@ impl std::fmt::Display for DropError {
 /// Drops pages in an address space the caller cannot reach with madvise:
 /// each call returns once they are gone.
 pub trait DropPages: Send + Sync {
-    /// Drops `start..start + len` (page aligned) in place (MADV_DONTNEED).
+    /// Drops `start..start + len` (page aligned) in place (MADV_DONTNEED),
+    /// once a write-protect probe of the range through the process's
+    /// userfaultfd, right before, has found it wholly registered and no
+    /// event unread ([`DropError::Changed`] otherwise: nothing dropped).
+    ///
+    /// Why the probe: the madvise acts on whatever is mapped in the range
+    /// when it runs, mapping by mapping, and drops memory that is not
+    /// registered without an event. The caller checked the range under its
+    /// event gate, but lets the gate go before the drop (whose event must be
+    /// read): meanwhile another thread of the program may unmap part of it
+    /// (its event read at once), map new memory there and write it. The
+    /// probe finds that memory unregistered. What is left is the moment
+    /// between the probe and the madvise taking the address space's lock.
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError>;
 
     /// Moves the stored pages of `start..start + len` (at most
@@ -188,9 +206,19 @@ impl Memory {
         }
     }
 
-    pub fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
+    /// Drops `start..start + len` in place, as [`DropPages::drop_pages`]
+    /// says; in the runtime's own process, probing through `uffd` (another
+    /// process's agent probes through its own copy).
+    pub fn drop_pages(&self, uffd: &Uffd, start: usize, len: usize) -> Result<(), DropError> {
         match self {
             Memory::Own { .. } => {
+                match uffd.write_protect(start, len, true) {
+                    Ok(()) => {}
+                    Err(UffdError::Again | UffdError::NoMapping) => return Err(DropError::Changed),
+                    Err(UffdError::ProcessGone) => return Err(DropError::Gone),
+                    Err(UffdError::Os(e)) => return Err(DropError::Failed(e)),
+                    Err(e) => return Err(DropError::Failed(io::Error::other(e))),
+                }
                 // SAFETY: the caller owns the range's folios (EVICTING) and
                 // has stored their bytes.
                 if unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) } == 0 {

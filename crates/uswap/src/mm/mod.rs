@@ -225,6 +225,11 @@ pub(crate) struct Shared {
     /// [`Runtime::hold_next_move`]).
     #[cfg(feature = "fault-injection")]
     pub move_hold: Hold,
+    /// Tests: a drop in place stops once it is checked and taken for the
+    /// reclaimer's, with the gate let go, just before it drops, while armed
+    /// (see [`Runtime::hold_next_drop`]).
+    #[cfg(feature = "fault-injection")]
+    pub drop_hold: Hold,
     /// Tests: the event thread stops before reading an own drop's event
     /// while armed (see [`Runtime::hold_events_at_next_drop`]).
     #[cfg(feature = "fault-injection")]
@@ -415,6 +420,8 @@ impl Runtime {
             finish_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             move_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            drop_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             event_hold: Hold::new(),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -709,6 +716,30 @@ impl Runtime {
     #[cfg(feature = "fault-injection")]
     pub fn release_move(&self) {
         self.shared.move_hold.release();
+    }
+
+    /// Tests: the reclaimer's next drop in place stops once it is checked
+    /// and taken for the reclaimer's, with the event gate let go, just
+    /// before it drops, until [`Runtime::release_drop`]; so a test can act
+    /// on the range in that window as another thread of a program would.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_drop(&self) {
+        self.shared.drop_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until a drop in place is held;
+    /// false if none was.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_drop_held(&self) -> bool {
+        self.shared.drop_hold.wait_held()
+    }
+
+    /// Tests: lets the held drop go on, and waits (at most ten seconds)
+    /// until it has returned.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_drop(&self) {
+        self.shared.drop_hold.release();
+        self.shared.drop_hold.wait_over();
     }
 
     /// Tests: a MADV_DONTNEED of `addr..addr + len` (the runtime's own
@@ -1192,32 +1223,34 @@ impl Shared {
     /// the mapping at the event's start up again and drops only up to that
     /// mapping's end, which is short of the event's end when the program
     /// split the mapping meanwhile (an mprotect of part of it), and walks on
-    /// from there: the next mapping, raised again. So the drop's events
-    /// start at strictly rising addresses, the first at the drop's start,
-    /// each after the first at the start of a mapping, and each at or
-    /// before the end of the one before it (a repetition after a split), or
-    /// past a gap of memory unmapped meanwhile; a repetition covers at least
-    /// the mapping it starts (up to the drop's end). An event inside the
-    /// drop that fits none of these is the program's MADV_DONTNEED, and its
-    /// pages become holes. (Taking only repetitions that end where the last
-    /// event did, as before, read the middle of a mapping split in three as
-    /// the program's: its stored pages read as zeros. Judged by a byte
-    /// budget, earlier still, a program's event took the budget of one of
-    /// the drop's own.)
+    /// from there: the next mapping, raised again. A drop covers one mapping
+    /// when the reclaimer checks it, and is probed right before the madvise
+    /// (wholly registered, no event unread: `DropPages::drop_pages`). So its
+    /// first event starts at its start and covers all of it, or, where the
+    /// program split the mapping after the check, up to the end of the
+    /// mapping there; the events after it start at strictly rising
+    /// addresses, each at the start of a mapping, and each at or before the
+    /// end of the one before it (a repetition after a split), or past a gap
+    /// of memory unmapped meanwhile; a repetition covers at least the
+    /// mapping it starts (up to the drop's end). An event inside the drop
+    /// that fits none of these is the program's MADV_DONTNEED, and its pages
+    /// become holes. A program's event over exactly the drop's range, read
+    /// first, is taken for the drop's and the drop's own for the program's:
+    /// the same pages become holes either way, as the program asked.
     ///
     /// Left open, the event carrying no thread to tell them apart: a
-    /// program's event that continues where the covered part ends, or that
-    /// repeats a whole mapping at its start while the drop is under way, is
+    /// program's event at the start of the drop that ends where a split
+    /// does, one that continues where the covered part ends, or one that
+    /// repeats a whole mapping at its start, while the drop is under way, is
     /// taken for the reclaimer's (the program then reads the bytes it
     /// dropped instead of zeros); the layout is read when the event is
-    /// applied, not when it was raised, so a split undone again before its
-    /// repetition is read makes that repetition the program's; and memory
-    /// unmapped and mapped anew inside the range while the drop waits is
-    /// dropped without an event (it is not registered), and the walk's next
-    /// event then starts past a gap that is no longer there. Only
-    /// drops in place are judged here: stored pages leave by a move, which
-    /// raises no event (`mm/scratch.rs`), so the race is left to pages that
-    /// cannot move.
+    /// applied, not when it was raised, so a split undone again before the
+    /// event is read makes it the program's; and a drop whose start the
+    /// program unmaps between the probe and the madvise raises events the
+    /// first of which starts past the drop's start, taken for the
+    /// program's. Only drops in place are judged here: stored pages leave by
+    /// a move, which raises no event (`mm/scratch.rs`), so the race is left
+    /// to pages that cannot move.
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
         let Some(memory) = space.memory.get() else {
             return false;
@@ -1226,6 +1259,16 @@ impl Shared {
         let own = drops.iter_mut().find(|d| {
             if d.space != space.id || start < d.start || end > d.end {
                 return false;
+            }
+            if d.last_start.is_none() {
+                // The drop's first event starts where the drop does, and
+                // covers all of it (a drop covers one mapping) or, where
+                // the program split the mapping after the drop's check, up
+                // to the end of the mapping there. A program's own drop of
+                // a piece at the start is neither (taken for the drop's,
+                // its pages read their old bytes back from the stored copy).
+                return start == d.start
+                    && (end == d.end || memory.mapping_at(start).is_some_and(|(_, hi)| hi == end));
             }
             // The walk goes on where the covered part ends (an event that
             // starts before and ends past it is taken too: were a

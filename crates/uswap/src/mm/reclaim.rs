@@ -607,12 +607,23 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 // place, up to the end of the piece. The drop waits for its event, which
                 // is read under the gate's write side.
                 drop(settled);
-                if drop_in_place(shared, space, memory, at, piece_end - at) {
-                    // The folios the piece covers (in part or whole).
-                    let fs = plug[first].region.folio_size;
-                    let lo = first + (at - start) / fs;
-                    let hi = first + (piece_end - start).div_ceil(fs);
-                    locked.push((lo, hi - lo));
+                match drop_in_place(shared, space, memory, at, piece_end - at) {
+                    InPlace::Dropped => {}
+                    InPlace::Locked => {
+                        // The folios the piece covers (in part or whole).
+                        let fs = plug[first].region.folio_size;
+                        let lo = first + (at - start) / fs;
+                        let hi = first + (piece_end - start).div_ceil(fs);
+                        locked.push((lo, hi - lo));
+                    }
+                    InPlace::Changed => {
+                        // Nothing dropped: looked at again under the
+                        // settled gate, like a refused move.
+                        tries += 1;
+                        refused_at = Some(at);
+                        std::thread::yield_now();
+                        continue;
+                    }
                 }
                 at = piece_end;
                 piece_end = end;
@@ -724,10 +735,21 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     }
 }
 
+/// What became of a drop in place.
+enum InPlace {
+    /// Dropped, or found unmapped in part (the unmap event says what became
+    /// of the folios), or the process is gone.
+    Dropped,
+    /// The kernel refused it: the program locked the memory.
+    Locked,
+    /// Nothing dropped: the range changed, or an event came in, after the
+    /// check (see `DropPages::drop_pages`).
+    Changed,
+}
+
 /// Drops stored pages in place (MADV_DONTNEED), as the reclaimer's own drop
 /// (whose REMOVE events the event thread tells from the program's, see
-/// `Shared::is_own_drop`). Returns whether the kernel refused it because the
-/// program locked the memory.
+/// `Shared::is_own_drop`).
 ///
 /// Part of the range unmapped meanwhile: the rest is dropped, and the unmap
 /// event says what became of the folios. A process gone: its space is
@@ -740,19 +762,26 @@ fn drop_in_place(
     memory: &Memory,
     start: usize,
     len: usize,
-) -> bool {
-    shared
-        .counters
-        .discarded_in_place
-        .fetch_add((len / PAGE_SIZE) as u64, Ordering::Relaxed);
+) -> InPlace {
     shared.begin_own_drop(space.id, start, len);
-    let mut locked = false;
-    match memory.drop_pages(start, len) {
-        Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {}
+    #[cfg(feature = "fault-injection")]
+    shared.drop_hold.stop_if_armed(|| true);
+    let outcome = match memory.drop_pages(&space.uffd, start, len) {
+        Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {
+            shared
+                .counters
+                .discarded_in_place
+                .fetch_add((len / PAGE_SIZE) as u64, Ordering::Relaxed);
+            InPlace::Dropped
+        }
+        Err(DropError::Changed) => {
+            shared
+                .counters
+                .drop_in_place_changed
+                .fetch_add(1, Ordering::Relaxed);
+            InPlace::Changed
+        }
         Err(DropError::Failed(e)) => {
-            // MADV_DONTNEED refuses (EINVAL) only memory the program
-            // locked (mlock) among what the runtime manages.
-            locked = e.raw_os_error() == Some(libc::EINVAL);
             let before = shared
                 .counters
                 .eviction_drop_failed
@@ -765,10 +794,19 @@ fn drop_in_place(
                     "uswap: dropping {start:#x}+{len:#x} after storing it: {e}; it stays in memory (further failures are counted in eviction_drop_failed)"
                 );
             }
+            // MADV_DONTNEED refuses (EINVAL) only memory the program
+            // locked (mlock) among what the runtime manages.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                InPlace::Locked
+            } else {
+                InPlace::Dropped
+            }
         }
-    }
+    };
     shared.end_own_drop(space.id, start);
-    locked
+    #[cfg(feature = "fault-injection")]
+    shared.drop_hold.over();
+    outcome
 }
 
 /// Ends one folio's eviction under the gate: applies what the program did to
