@@ -475,12 +475,28 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
 /// without an event (it is not registered). So the range is probed first,
 /// as before a move: re-protecting it (a change of nothing) fails with
 /// EAGAIN while an event is unread and with ENOENT where it is no longer
-/// wholly registered, and then nothing is dropped. (MADV_DONTNEED itself
-/// answers neither.)
+/// wholly registered (the write-protect passes over holes since Linux 6.3:
+/// `mincore` finds them, ENOMEM, answered as ENOENT), and then nothing is
+/// dropped. (MADV_DONTNEED itself answers neither.)
 fn drop_in_place(start: usize, len: usize) -> i32 {
     let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
     if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
         return e;
+    }
+    let mut vec = [0u8; 512];
+    let mut at = start;
+    while at < start + len {
+        let chunk = (start + len - at).min(vec.len() * PAGE);
+        // SAFETY: mincore writes one byte per page of the range into `vec`,
+        // which holds that many; it reads no memory of the range.
+        if unsafe { libc::mincore(at as *mut _, chunk, vec.as_mut_ptr()) } != 0 {
+            return if errno() == libc::ENOMEM {
+                libc::ENOENT
+            } else {
+                errno()
+            };
+        }
+        at += chunk;
     }
     // SAFETY: the supervisor drops only pages of managed folios it has
     // stored (MADV_DONTNEED cannot harm memory safety: the pages read back

@@ -2016,6 +2016,64 @@ fn new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes() {
     });
 }
 
+/// The same with the new memory mapped a moment later: the piece is
+/// unmapped before the drop's check right before its madvise, and mapped
+/// again while the madvise waits for the event of the part before it. The
+/// write-protect probe passes over a hole (Linux 6.3 on), and the madvise,
+/// walking on past the part its event covered, dropped the new memory
+/// without an event.
+#[test]
+fn new_memory_mapped_in_a_hole_while_a_drop_in_place_walks_keeps_its_bytes() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
+        rt.hold_next_drop();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_drop_held(), "no drop in place was made");
+        let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
+        // SAFETY: the test's own region.
+        assert_eq!(unsafe { libc::munmap(piece as *mut _, plen) }, 0);
+        rt.hold_events_at_next_drop();
+        let map_new = move || {
+            // SAFETY: maps only where the test unmapped above.
+            unsafe {
+                let at = libc::mmap(
+                    piece as *mut _,
+                    plen,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                );
+                assert_eq!(at as usize, piece);
+                std::ptr::write_bytes(piece as *mut u8, 0xCD, plen);
+            }
+        };
+        // The drop goes on; its first event (the part before the hole) is
+        // held unread, if it makes one, and the new memory is mapped then.
+        let walked = std::thread::scope(|scope| {
+            let dropping = scope.spawn(|| rt.release_drop());
+            let walked = rt.wait_events_held();
+            if walked {
+                map_new();
+                rt.release_events();
+            }
+            dropping.join().unwrap();
+            walked
+        });
+        if !walked {
+            // No drop was made over the hole: the new memory comes now.
+            map_new();
+        }
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the new memory mapped above.
+        let new = unsafe { std::slice::from_raw_parts(piece as *const u8, plen) };
+        let lost = new.iter().filter(|&&b| b != 0xCD).count();
+        assert_eq!(lost, 0, "{lost} bytes of the new memory lost");
+        check_range(base, base, piece, "before the new memory");
+        check_range(base, piece + plen, base + len, "after the new memory");
+    });
+}
+
 /// A program's MADV_DONTNEED of a piece at the start of a run the reclaimer
 /// is about to drop in place, read before the drop's own event. REMOVE
 /// events carry no thread: it was taken for the first of the drop's

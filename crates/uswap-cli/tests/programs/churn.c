@@ -30,6 +30,8 @@
 struct block {
     char *base;                 /* NULL: not mapped */
     uint64_t gen[PIECES];       /* 0: the piece reads zeros */
+    long op[PIECES];            /* the operation that last changed it */
+    const char *how[PIECES];    /* and what it did */
 };
 
 struct thread {
@@ -38,6 +40,7 @@ struct thread {
     long ops;
     uint64_t rng;
     uint64_t next_gen;
+    long op;                    /* the operation under way */
     struct block *b;
     pthread_t t;
     int bad;
@@ -58,6 +61,11 @@ static uint64_t word(int tid, int blk, int piece, uint64_t gen, size_t i) {
     return (i & 1) ? x : x + i;
 }
 
+static void changed(struct thread *t, int blk, int piece, const char *how) {
+    t->b[blk].op[piece] = t->op;
+    t->b[blk].how[piece] = how;
+}
+
 static void fill_piece(struct thread *t, int blk, int piece) {
     uint64_t *w = (uint64_t *)(t->b[blk].base + piece * PIECE);
     uint64_t gen = t->b[blk].gen[piece];
@@ -71,9 +79,14 @@ static int check_piece(struct thread *t, int blk, int piece, const char *what) {
     for (size_t i = 0; i < PIECE / 8; i++) {
         uint64_t want = gen ? word(t->id, blk, piece, gen, i) : 0;
         if (w[i] != want) {
-            printf("churn BAD: thread %d block %d piece %d word %zu at %p (%s, pid %d): %#llx, want %#llx (gen %llu)\n",
+            size_t wrong = 0, last = i;
+            for (size_t j = i; j < PIECE / 8; j++)
+                if (w[j] != (gen ? word(t->id, blk, piece, gen, j) : 0)) wrong++, last = j;
+            printf("churn BAD: thread %d block %d piece %d word %zu at %p (%s, pid %d): %#llx, want %#llx (gen %llu); "
+                   "%zu words wrong up to word %zu; the piece last changed at operation %ld (%s), now %ld\n",
                    t->id, blk, piece, i, (void *)&w[i], what, (int)getpid(), (unsigned long long)w[i],
-                   (unsigned long long)want, (unsigned long long)gen);
+                   (unsigned long long)want, (unsigned long long)gen, wrong, last, t->b[blk].op[piece],
+                   t->b[blk].how[piece] ? t->b[blk].how[piece] : "?", t->op);
             return 1;
         }
     }
@@ -98,6 +111,7 @@ static void new_block(struct thread *t, int blk) {
     for (int p = 0; p < PIECES; p++) {
         t->b[blk].gen[p] = ++t->next_gen;
         fill_piece(t, blk, p);
+        changed(t, blk, p, "a new block");
     }
 }
 
@@ -105,6 +119,7 @@ static void *work(void *arg) {
     struct thread *t = arg;
     for (int k = 0; k < t->blocks; k++) new_block(t, k);
     for (long n = 0; n < t->ops && !t->bad; n++) {
+        t->op = n;
         int blk = next(&t->rng) % t->blocks;
         int piece = next(&t->rng) % PIECES;
         struct block *b = &t->b[blk];
@@ -116,6 +131,7 @@ static void *work(void *arg) {
         case 5: case 6:
             b->gen[piece] = ++t->next_gen;
             fill_piece(t, blk, piece);
+            changed(t, blk, piece, "rewritten");
             break;
         case 7: case 8:
             /* A new block, most likely where an old one was. */
@@ -131,6 +147,7 @@ static void *work(void *arg) {
             if (p == at) {
                 b->gen[piece] = ++t->next_gen;
                 fill_piece(t, blk, piece);
+                changed(t, blk, piece, "new memory in its place");
                 break;
             }
             /* Another thread took the address first: the block goes. */
@@ -143,6 +160,7 @@ static void *work(void *arg) {
         case 11:
             if (madvise(at, PIECE, MADV_DONTNEED)) { perror("churn: madvise"); exit(2); }
             b->gen[piece] = 0;
+            changed(t, blk, piece, "dropped");
             break;
         case 12: case 13:
             if (mprotect(at, PIECE, PROT_READ)) { perror("churn: mprotect"); exit(2); }
@@ -159,7 +177,12 @@ static void *work(void *arg) {
                 _exit(bad);
             }
             int status;
-            if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) t->bad = 1;
+            if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+                /* Whether the parent's own copy is right too tells a
+                 * child's inheritance from a loss in the parent. */
+                for (int k = 0; k < t->blocks; k++) check_block(t, k, "in the parent after its child failed");
+                t->bad = 1;
+            }
             break;
         }
         default:

@@ -77,6 +77,9 @@ struct EventThread<'a> {
     reaped: Instant,
     /// When events were last read (see `RuntimeConfig::event_spin`).
     last_event: Instant,
+    /// The generation of the reclaimer's drop in place whose first REMOVE
+    /// (at its start) has been read, if any (see `read_raw`).
+    drop_begun: Option<u64>,
 }
 
 /// Events one read takes at most.
@@ -255,13 +258,26 @@ impl EventThread<'_> {
                 };
                 if let Event::Remove { start, end } = *last {
                     // The drop cannot return before this event is read: it
-                    // is still the one in flight, if the event is its.
-                    if let Some(generation) = shared.last_event_of_own_drop(space.id, start, end) {
-                        space
-                            .events_held_at
-                            .store(shared.now_ms(), Ordering::Release);
-                        space.events_held_for.store(generation, Ordering::Release);
-                        break;
+                    // is still the one in flight, if the event is its. Its
+                    // last event reaches its end, and is its first (at its
+                    // start) or comes after that one: a program's drop of
+                    // a piece at the end, read before the drop's own
+                    // event, would hold that event off until the bound.
+                    if let Some((generation, from, to)) = shared.own_drop_in_flight(space.id) {
+                        if start == from {
+                            self.drop_begun = Some(generation);
+                        }
+                        if from <= start
+                            && start < to
+                            && end >= to
+                            && self.drop_begun == Some(generation)
+                        {
+                            space
+                                .events_held_at
+                                .store(shared.now_ms(), Ordering::Release);
+                            space.events_held_for.store(generation, Ordering::Release);
+                            break;
+                        }
                     }
                 }
                 if !one_at_a_time || self.raw.len() + 1 > self.raw.capacity() {
@@ -364,6 +380,7 @@ pub(crate) fn event_loop(shared: &Shared) {
         pollfds: Vec::with_capacity(64),
         reaped: Instant::now(),
         last_event: Instant::now(),
+        drop_begun: None,
     };
     shared.thread_started();
     while !shared.shutdown.load(Ordering::Acquire) {

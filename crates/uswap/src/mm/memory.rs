@@ -56,8 +56,10 @@ impl std::fmt::Display for DropError {
 pub trait DropPages: Send + Sync {
     /// Drops `start..start + len` (page aligned) in place (MADV_DONTNEED),
     /// once a write-protect probe of the range through the process's
-    /// userfaultfd, right before, has found it wholly registered and no
-    /// event unread ([`DropError::Changed`] otherwise: nothing dropped).
+    /// userfaultfd, right before, has found no event unread and no mapping
+    /// in the range unregistered, and `mincore` no hole in it (the probe
+    /// passes over holes since Linux 6.3): [`DropError::Changed`]
+    /// otherwise, nothing dropped.
     ///
     /// Why the probe: the madvise acts on whatever is mapped in the range
     /// when it runs, mapping by mapping, and drops memory that is not
@@ -65,8 +67,9 @@ pub trait DropPages: Send + Sync {
     /// event gate, but lets the gate go before the drop (whose event must be
     /// read): meanwhile another thread of the program may unmap part of it
     /// (its event read at once), map new memory there and write it. The
-    /// probe finds that memory unregistered. What is left is the moment
-    /// between the probe and the madvise taking the address space's lock.
+    /// probe finds that memory unregistered, or the hole before it is
+    /// mapped. What is left is the moment between the probe and the
+    /// madvise taking the address space's lock.
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError>;
 
     /// Moves the stored pages of `start..start + len` (at most
@@ -213,6 +216,10 @@ impl Memory {
         match self {
             Memory::Own { .. } => {
                 match uffd.write_protect(start, len, true) {
+                    // The write-protect passes over holes (Linux 6.3 on).
+                    Ok(()) if crate::sys::any_unmapped(start, start + len) => {
+                        return Err(DropError::Changed)
+                    }
                     Ok(()) => {}
                     Err(UffdError::Again | UffdError::NoMapping) => return Err(DropError::Changed),
                     Err(UffdError::ProcessGone) => return Err(DropError::Gone),

@@ -1053,17 +1053,6 @@ impl Shared {
             })
     }
 
-    /// The generation of the reclaimer's drop in place in flight in
-    /// `space` if a REMOVE event over `start..end` there is its last one:
-    /// inside its range and reaching its end. (The kernel raises one per
-    /// mapping the drop covers, each once the one before is zapped.)
-    pub fn last_event_of_own_drop(&self, space: u32, start: usize, end: usize) -> Option<u64> {
-        self.own_drop_in_flight(space)
-            .and_then(|(generation, from, to)| {
-                (from <= start && start < to && end >= to).then_some(generation)
-            })
-    }
-
     /// The reclaimer is about to MADV_DONTNEED `start..start + len` of
     /// `space`.
     fn begin_own_drop(&self, space: u32, start: usize, len: usize) {

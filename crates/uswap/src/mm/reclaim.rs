@@ -1011,8 +1011,9 @@ const MOVE_TRIES: u32 = 8;
 /// then in the bookkeeping, so a folio's address is where its pages are.
 /// The probe write-protects `start..start + len` of an evicting folio again,
 /// which changes nothing but answers EAGAIN while an event is unread; with
-/// the gate comes whether the whole range is still registered (ENOENT: part
-/// of it was unmapped).
+/// the gate comes whether the whole range is still registered (ENOENT: a
+/// mapping in it is not; a hole passes since Linux 6.3, but its unmap
+/// event, applied by then, is in the folios' extras).
 fn settled_gate<'a>(
     shared: &'a Shared,
     space: &Space,
