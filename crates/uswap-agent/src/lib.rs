@@ -476,8 +476,9 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
 /// as before a move: re-protecting it (a change of nothing) fails with
 /// EAGAIN while an event is unread and with ENOENT where it is no longer
 /// wholly registered (the write-protect passes over holes since Linux 6.3:
-/// `mincore` finds them, ENOMEM, answered as ENOENT), and then nothing is
-/// dropped. (MADV_DONTNEED itself answers neither.)
+/// `mincore` finds them, ENOMEM, answered as ENOENT), or no longer one
+/// mapping (ENOENT too), and then nothing is dropped. (MADV_DONTNEED itself
+/// answers neither.)
 fn drop_in_place(start: usize, len: usize) -> i32 {
     let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
     if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
@@ -490,13 +491,13 @@ fn drop_in_place(start: usize, len: usize) -> i32 {
         // SAFETY: mincore writes one byte per page of the range into `vec`,
         // which holds that many; it reads no memory of the range.
         if unsafe { libc::mincore(at as *mut _, chunk, vec.as_mut_ptr()) } != 0 {
-            return if errno() == libc::ENOMEM {
-                libc::ENOENT
-            } else {
-                errno()
-            };
+            let e = errno();
+            return if e == libc::ENOMEM { libc::ENOENT } else { e };
         }
         at += chunk;
+    }
+    if !within_one_mapping(start, len) {
+        return libc::ENOENT;
     }
     // SAFETY: the supervisor drops only pages of managed folios it has
     // stored (MADV_DONTNEED cannot harm memory safety: the pages read back
@@ -506,6 +507,44 @@ fn drop_in_place(start: usize, len: usize) -> i32 {
     } else {
         errno()
     }
+}
+
+/// `_IOWR('f', 17, struct procmap_query)` (Linux 6.11), the struct being
+/// 13 words.
+const PROCMAP_QUERY: libc::c_ulong = (3 << 30) | (104 << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
+
+/// Whether one mapping covers `start..start + len`; true where the kernel
+/// cannot say (before 6.11). The supervisor drops one mapping at a time:
+/// the program splitting it meanwhile (an mprotect of part of it) makes
+/// the drop raise one event per piece, which the supervisor can take for
+/// the program's own drops when the split is undone before it reads them.
+/// Opened each time: a forked child's agent would read its parent's.
+fn within_one_mapping(start: usize, len: usize) -> bool {
+    // SAFETY: opening a proc file by a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/maps".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return true;
+    }
+    // size, flags (0: the mapping covering the address), address, then
+    // what the kernel fills in: start (3), end (4), and the rest unasked.
+    let mut q = [0u64; 13];
+    q[0] = 104;
+    q[2] = start as u64;
+    // SAFETY: the request's struct is `q`, of the size it says, naming no
+    // other memory (no name or build id buffers).
+    let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, q.as_mut_ptr()) };
+    let e = errno();
+    close(fd);
+    if r != 0 {
+        // No mapping covers the start; any other answer: an older kernel.
+        return e != libc::ENOENT;
+    }
+    q[3] <= start as u64 && q[4] >= (start + len) as u64
 }
 
 fn start(name: &[u8]) -> Result<(), &'static str> {

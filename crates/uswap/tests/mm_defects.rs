@@ -2074,6 +2074,39 @@ fn new_memory_mapped_in_a_hole_while_a_drop_in_place_walks_keeps_its_bytes() {
     });
 }
 
+/// Found by `churn` under `uswap run --discard in-place`: the program makes
+/// a piece of a run read-only after the reclaimer checked the run (one
+/// mapping then), reads it, and makes it writable again while the drop's
+/// first event waits to be read. The drop raised one event per piece of
+/// the split mapping; read once the split was undone, the first one matched
+/// no mapping boundary and was taken for the program's own drop: the
+/// stored pages read as zeros.
+#[test]
+fn a_drop_in_place_over_a_split_undone_before_its_event_is_read_keeps_every_page() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
+        rt.hold_next_drop();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_drop_held(), "no drop in place was made");
+        let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
+        let protect = |prot| {
+            // SAFETY: the test's own region.
+            assert_eq!(unsafe { libc::mprotect(piece as *mut _, plen, prot) }, 0);
+        };
+        protect(libc::PROT_READ);
+        rt.hold_events_at_next_drop();
+        std::thread::scope(|scope| {
+            let dropping = scope.spawn(|| rt.release_drop());
+            assert!(rt.wait_events_held(), "no drop raised its event");
+            protect(libc::PROT_READ | libc::PROT_WRITE);
+            rt.release_events();
+            dropping.join().unwrap();
+        });
+        rt.set_memory_high(16 * MIB);
+        check_range(base, base, base + len, "the region");
+    });
+}
+
 /// A program's MADV_DONTNEED of a piece at the start of a run the reclaimer
 /// is about to drop in place, read before the drop's own event. REMOVE
 /// events carry no thread: it was taken for the first of the drop's

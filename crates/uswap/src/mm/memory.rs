@@ -57,9 +57,10 @@ pub trait DropPages: Send + Sync {
     /// Drops `start..start + len` (page aligned) in place (MADV_DONTNEED),
     /// once a write-protect probe of the range through the process's
     /// userfaultfd, right before, has found no event unread and no mapping
-    /// in the range unregistered, and `mincore` no hole in it (the probe
-    /// passes over holes since Linux 6.3): [`DropError::Changed`]
-    /// otherwise, nothing dropped.
+    /// in the range unregistered, `mincore` no hole in it (the probe
+    /// passes over holes since Linux 6.3), and the process's maps one
+    /// mapping covering it, as when the caller checked it:
+    /// [`DropError::Changed`] otherwise, nothing dropped.
     ///
     /// Why the probe: the madvise acts on whatever is mapped in the range
     /// when it runs, mapping by mapping, and drops memory that is not
@@ -68,8 +69,12 @@ pub trait DropPages: Send + Sync {
     /// read): meanwhile another thread of the program may unmap part of it
     /// (its event read at once), map new memory there and write it. The
     /// probe finds that memory unregistered, or the hole before it is
-    /// mapped. What is left is the moment between the probe and the
-    /// madvise taking the address space's lock.
+    /// mapped. A mapping split meanwhile (the program's mprotect of part of
+    /// it) makes the drop raise one event per piece, which the event thread
+    /// tells from the program's own drops by the maps when it reads them,
+    /// wrongly where the split was undone by then. What is left is the
+    /// moment between the probe and the madvise taking the address space's
+    /// lock.
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError>;
 
     /// Moves the stored pages of `start..start + len` (at most
@@ -214,12 +219,13 @@ impl Memory {
     /// process's agent probes through its own copy).
     pub fn drop_pages(&self, uffd: &Uffd, start: usize, len: usize) -> Result<(), DropError> {
         match self {
-            Memory::Own { .. } => {
+            Memory::Own { maps, .. } => {
                 match uffd.write_protect(start, len, true) {
                     // The write-protect passes over holes (Linux 6.3 on).
                     Ok(()) if crate::sys::any_unmapped(start, start + len) => {
                         return Err(DropError::Changed)
                     }
+                    Ok(()) if !maps.covers(start, start + len) => return Err(DropError::Changed),
                     Ok(()) => {}
                     Err(UffdError::Again | UffdError::NoMapping) => return Err(DropError::Changed),
                     Err(UffdError::ProcessGone) => return Err(DropError::Gone),
@@ -349,6 +355,12 @@ const PROCMAP_QUERY: libc::c_ulong = 0xC000_0000
     | 17;
 
 impl Maps {
+    /// Whether one mapping covers `start..end` now.
+    fn covers(&self, start: usize, end: usize) -> bool {
+        self.mapping_at(start)
+            .is_some_and(|(lo, hi)| lo <= start && hi >= end)
+    }
+
     fn open(path: String) -> Maps {
         Maps {
             file: File::open(&path).ok(),

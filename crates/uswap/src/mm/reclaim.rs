@@ -539,6 +539,8 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         // folios stay (nothing has left memory), where a drop in place
         // could take memory the program has mapped there since.
         let mut tries = 0;
+        // Drops in place that found the range changed (see `drop_in_place`).
+        let mut drop_tries = 0;
         // Whether anything of the run may have left memory: a discard
         // answered other than "again" (another process's agent may have
         // moved pages and lost its answer), or a drop in place was made.
@@ -618,9 +620,15 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                     }
                     InPlace::Changed => {
                         // Nothing dropped: looked at again under the
-                        // settled gate, like a refused move.
-                        tries += 1;
-                        refused_at = Some(at);
+                        // settled gate, like a refused move, and the
+                        // mapping asked for again; a few times, then the
+                        // rest of the run stays (each folio's finish
+                        // decides, as above).
+                        drop_tries += 1;
+                        if drop_tries > MOVE_TRIES {
+                            continue 'runs;
+                        }
+                        piece_end = end;
                         std::thread::yield_now();
                         continue;
                     }
