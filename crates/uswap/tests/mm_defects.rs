@@ -1550,10 +1550,16 @@ fn new_memory_in_a_hole_of_an_evicted_folio_is_not_taken_for_its_pages() {
 /// touches any more) and maps new private memory at exactly that address,
 /// filled with 0xCD, as a program reusing the address would.
 fn replace_with_new_memory(addr: usize, len: usize) {
-    // SAFETY: the range is the test's own; the new mapping is made only
-    // where nothing is mapped any more.
+    // SAFETY: the range is the test's own.
+    assert_eq!(unsafe { libc::munmap(addr as *mut _, len) }, 0);
+    map_new_memory(addr, len);
+}
+
+/// Maps new private memory at exactly `addr..addr + len`, where the test
+/// unmapped its own, filled with 0xCD.
+fn map_new_memory(addr: usize, len: usize) {
+    // SAFETY: the new mapping is made only where nothing is mapped.
     unsafe {
-        assert_eq!(libc::munmap(addr as *mut _, len), 0);
         let at = libc::mmap(
             addr as *mut _,
             len,
@@ -1976,15 +1982,7 @@ fn memory_mapped_where_a_drop_in_place_waits(split: bool) {
             rt.release_events();
             program.join().unwrap();
             rt.set_memory_high(16 * MIB);
-            // SAFETY: the new memory mapped above.
-            let new = unsafe { std::slice::from_raw_parts(piece as *const u8, plen) };
-            let lost = new.iter().filter(|&&b| b != 0xCD).count();
-            assert_eq!(
-                lost, 0,
-                "round {round}: {lost} bytes of the new memory lost"
-            );
-            check_range(base, base, piece, "before the new memory");
-            check_range(base, piece + plen, base + len, "after the new memory");
+            check_around_new_memory(base, len, piece, plen, &format!("round {round}: "));
         }
     });
 }
@@ -1998,21 +1996,13 @@ fn memory_mapped_where_a_drop_in_place_waits(split: bool) {
 #[test]
 fn new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes() {
     within(Duration::from_secs(60), || {
-        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
-        rt.hold_next_drop();
-        rt.set_memory_high(FOLIO);
-        assert!(rt.wait_drop_held(), "no drop in place was made");
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
         // Inside the second folio: the drop's run starts at the oldest.
         let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
         replace_with_new_memory(piece, plen);
         rt.release_drop();
         rt.set_memory_high(16 * MIB);
-        // SAFETY: the new memory mapped above.
-        let new = unsafe { std::slice::from_raw_parts(piece as *const u8, plen) };
-        let lost = new.iter().filter(|&&b| b != 0xCD).count();
-        assert_eq!(lost, 0, "{lost} bytes of the new memory lost");
-        check_range(base, base, piece, "before the new memory");
-        check_range(base, piece + plen, base + len, "after the new memory");
+        check_around_new_memory(base, len, piece, plen, "");
     });
 }
 
@@ -2025,29 +2015,12 @@ fn new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes() {
 #[test]
 fn new_memory_mapped_in_a_hole_while_a_drop_in_place_walks_keeps_its_bytes() {
     within(Duration::from_secs(60), || {
-        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
-        rt.hold_next_drop();
-        rt.set_memory_high(FOLIO);
-        assert!(rt.wait_drop_held(), "no drop in place was made");
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
         let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
         // SAFETY: the test's own region.
         assert_eq!(unsafe { libc::munmap(piece as *mut _, plen) }, 0);
         rt.hold_events_at_next_drop();
-        let map_new = move || {
-            // SAFETY: maps only where the test unmapped above.
-            unsafe {
-                let at = libc::mmap(
-                    piece as *mut _,
-                    plen,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                    -1,
-                    0,
-                );
-                assert_eq!(at as usize, piece);
-                std::ptr::write_bytes(piece as *mut u8, 0xCD, plen);
-            }
-        };
+        let map_new = || map_new_memory(piece, plen);
         // The drop goes on; its first event (the part before the hole) is
         // held unread, if it makes one, and the new memory is mapped then.
         let walked = std::thread::scope(|scope| {
@@ -2065,12 +2038,7 @@ fn new_memory_mapped_in_a_hole_while_a_drop_in_place_walks_keeps_its_bytes() {
             map_new();
         }
         rt.set_memory_high(16 * MIB);
-        // SAFETY: the new memory mapped above.
-        let new = unsafe { std::slice::from_raw_parts(piece as *const u8, plen) };
-        let lost = new.iter().filter(|&&b| b != 0xCD).count();
-        assert_eq!(lost, 0, "{lost} bytes of the new memory lost");
-        check_range(base, base, piece, "before the new memory");
-        check_range(base, piece + plen, base + len, "after the new memory");
+        check_around_new_memory(base, len, piece, plen, "");
     });
 }
 
@@ -2084,10 +2052,7 @@ fn new_memory_mapped_in_a_hole_while_a_drop_in_place_walks_keeps_its_bytes() {
 #[test]
 fn a_drop_in_place_over_a_split_undone_before_its_event_is_read_keeps_every_page() {
     within(Duration::from_secs(60), || {
-        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
-        rt.hold_next_drop();
-        rt.set_memory_high(FOLIO);
-        assert!(rt.wait_drop_held(), "no drop in place was made");
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
         let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
         let protect = |prot| {
             // SAFETY: the test's own region.
@@ -2116,10 +2081,7 @@ fn a_drop_in_place_over_a_split_undone_before_its_event_is_read_keeps_every_page
 #[test]
 fn a_program_drop_at_the_start_of_a_drop_in_place_reads_as_zeros() {
     within(Duration::from_secs(60), || {
-        let (rt, _region, base, len) = filled_region(FOLIO, 4, false);
-        rt.hold_next_drop();
-        rt.set_memory_high(FOLIO);
-        assert!(rt.wait_drop_held(), "no drop in place was made");
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
         let plen = FOLIO / 4;
         // SAFETY: the test's own region.
         assert_eq!(
@@ -2134,6 +2096,28 @@ fn a_program_drop_at_the_start_of_a_drop_in_place_reads_as_zeros() {
         assert_eq!(old, 0, "{old} bytes of the dropped piece read back");
         check_range(base, base + plen, base + len, "after the dropped piece");
     });
+}
+
+/// Four filled 64 KiB folios, managed with drops in place, and the
+/// reclaimer held just before it drops the oldest three (checked, and
+/// taken for its own drop; see `Runtime::hold_next_drop`).
+fn four_folios_with_a_drop_in_place_held() -> (Runtime, uswap::mm::Region, usize, usize) {
+    let (rt, region, base, len) = filled_region(FOLIO, 4, false);
+    rt.hold_next_drop();
+    rt.set_memory_high(FOLIO);
+    assert!(rt.wait_drop_held(), "no drop in place was made");
+    (rt, region, base, len)
+}
+
+/// Checks that the new memory at `piece..piece + plen` holds what
+/// `replace_with_new_memory` wrote, and the region around it its own bytes.
+fn check_around_new_memory(base: usize, len: usize, piece: usize, plen: usize, what: &str) {
+    // SAFETY: the new memory the caller mapped.
+    let new = unsafe { std::slice::from_raw_parts(piece as *const u8, plen) };
+    let lost = new.iter().filter(|&&b| b != 0xCD).count();
+    assert_eq!(lost, 0, "{what}{lost} bytes of the new memory lost");
+    check_range(base, base, piece, "before the new memory");
+    check_range(base, piece + plen, base + len, "after the new memory");
 }
 
 /// Whether thread `tid` of this process sleeps where the kernel holds a
