@@ -205,6 +205,11 @@ impl EventThread<'_> {
         self.origin.clear();
         shared.forget_returned_drops(applied);
         shared.unapplied.store(false, Ordering::SeqCst);
+        // Freed before the gate goes: a fork's prepare handler takes the
+        // gate as soon as it is free, then glibc locks malloc until this
+        // thread has read the fork's event, and a free here after the gate
+        // would wait for that lock forever (a hang the model soak found).
+        drop(spaces);
         drop(gate);
         read
     }
