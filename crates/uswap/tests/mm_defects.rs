@@ -2072,6 +2072,36 @@ fn a_drop_in_place_over_a_split_undone_before_its_event_is_read_keeps_every_page
     });
 }
 
+/// Found by `churn`: a program's MADV_DONTNEED over exactly the range of a
+/// drop in place, read while the drop is under way, is taken for the
+/// drop's own event. When the drop then found the range changed and was
+/// not made, no event of its own followed, and the program's was never
+/// applied: the pages read their old bytes back instead of zeros.
+#[test]
+fn a_program_drop_over_a_drop_in_place_that_is_not_made_reads_as_zeros() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
+        let (start, end) = rt.drop_in_flight().expect("the drop held");
+        assert_eq!(start, base, "the drop begins at the oldest folio");
+        let run = end - start;
+        // SAFETY: the test's own region.
+        unsafe {
+            assert_eq!(libc::madvise(start as *mut _, run, libc::MADV_DONTNEED), 0);
+            // A hole in the run: the drop's probe finds it changed.
+            let last = base + run - 4096;
+            assert_eq!(libc::munmap(last as *mut _, 4096), 0);
+        }
+        rt.release_drop();
+        assert!(rt.stats().drop_in_place_changed >= 1, "the drop was made");
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the region mapped above, but for the page unmapped.
+        let dropped = unsafe { std::slice::from_raw_parts(base as *const u8, run - 4096) };
+        let old = dropped.iter().filter(|&&b| b != 0).count();
+        assert_eq!(old, 0, "{old} bytes of the dropped range read back");
+        check_range(base, base + run, base + len, "after the dropped range");
+    });
+}
+
 /// A program's MADV_DONTNEED of a piece at the start of a run the reclaimer
 /// is about to drop in place, read before the drop's own event. REMOVE
 /// events carry no thread: it was taken for the first of the drop's

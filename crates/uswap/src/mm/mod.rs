@@ -734,6 +734,16 @@ impl Runtime {
         self.shared.drop_hold.wait_held()
     }
 
+    /// Tests: the range of the reclaimer's drop in place in flight in the
+    /// runtime's own space, if any (the one held, while it is).
+    #[cfg(feature = "fault-injection")]
+    pub fn drop_in_flight(&self) -> Option<(usize, usize)> {
+        let own = self.shared.own_space().id;
+        self.shared
+            .own_drop_in_flight(own)
+            .map(|(_, start, end)| (start, end))
+    }
+
     /// Tests: lets the held drop go on, and waits (at most ten seconds)
     /// until it has returned.
     #[cfg(feature = "fault-injection")]
@@ -1090,8 +1100,13 @@ impl Shared {
         });
     }
 
-    /// The reclaimer's MADV_DONTNEED of `start` in `space` returned.
-    fn end_own_drop(&self, space: u32, start: usize) {
+    /// The reclaimer's drop in place of `start` in `space` returned; `made`:
+    /// whether it came to the madvise. One that did not (its probe found the
+    /// range changed) raised no event, so the events taken for its own were
+    /// the program's drops (one over exactly its range, read first): the
+    /// part they cover is returned, for the caller to apply as the
+    /// program's, and the record takes no more.
+    fn end_own_drop(&self, space: u32, start: usize, made: bool) -> Option<(usize, usize)> {
         self.dropping.set(None);
         let mut drops = self.own_drops.lock().expect("own drops lock");
         let d = drops
@@ -1099,6 +1114,12 @@ impl Shared {
             .find(|d| d.space == space && d.start == start && d.returned_at.is_none())
             .expect("the drop was registered");
         d.returned_at = Some(self.reads.load(Ordering::Acquire));
+        if made || d.last_start.is_none() {
+            return None;
+        }
+        let taken = (d.start, d.cursor);
+        d.end = d.start;
+        Some(taken)
     }
 
     /// The event gate's read side, for any thread but the event thread.

@@ -811,7 +811,11 @@ fn drop_in_place(
             }
         }
     };
-    shared.end_own_drop(space.id, start);
+    let made = !matches!(outcome, InPlace::Changed);
+    if let Some((from, to)) = shared.end_own_drop(space.id, start, made) {
+        let _gate = shared.write_gate();
+        events::on_remove(shared, space, from, to);
+    }
     #[cfg(feature = "fault-injection")]
     shared.drop_hold.over();
     outcome
