@@ -31,8 +31,9 @@ pub enum DropError {
     /// the rest was dropped.
     Unmapped,
     /// Nothing was dropped: right before the madvise, an event of the
-    /// process was unread, or the range was no longer wholly registered
-    /// (see [`DropPages::drop_pages`]). The caller looks at the range again.
+    /// process was unread, or the range was no longer one registered
+    /// mapping without holes (see [`DropPages::drop_pages`]). The caller
+    /// looks at the range again.
     Changed,
     /// The process is gone.
     Gone,

@@ -746,7 +746,8 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
 /// What became of a drop in place.
 enum InPlace {
     /// Dropped, or found unmapped in part (the unmap event says what became
-    /// of the folios), or the process is gone.
+    /// of the folios), or the process is gone, or failed otherwise (each
+    /// folio's finish finds which of its pages are still there).
     Dropped,
     /// The kernel refused it: the program locked the memory.
     Locked,
