@@ -107,6 +107,11 @@ pub struct RuntimeArgs {
     /// Readahead of 2^N folios.
     #[arg(long, env = "USWAP_PAGE_CLUSTER", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=9))]
     pub page_cluster: u32,
+    /// Swap-ins of folios of at least this many pages are handed by the
+    /// event thread to a filler thread, so that the next fault is read and
+    /// served beside it (0: never).
+    #[arg(long, env = "USWAP_HANDOFF_PAGES", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=512))]
+    pub handoff_pages: u32,
     /// Pool limit as a percentage of physical memory.
     #[arg(long, env = "USWAP_MAX_POOL_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub max_pool_percent: u8,
@@ -301,6 +306,7 @@ impl RuntimeArgs {
             compressor: self.compressor.clone(),
             compress_batchsize: self.compress_batchsize as usize,
             page_cluster: self.page_cluster,
+            handoff_pages: self.handoff_pages as usize,
             max_pool_percent: self.max_pool_percent,
             accept_threshold_percent: self.accept_threshold_percent,
             engines: self.engines.choose(

@@ -58,6 +58,16 @@ fn random_access_case(folio: usize, batch: usize, swap_file: bool) {
     let stats = rt.stats();
     assert!(stats.evicted_folios > 0, "nothing was evicted: {stats:?}");
     assert!(stats.pgmajfault > 0, "nothing came back from the store");
+    // Folios of several pages are brought in by the fillers (the default
+    // `handoff_pages`), beside the event thread.
+    if folio > 4096 {
+        assert!(
+            stats.swapins_handed_off > 0,
+            "no swap-in was handed to a filler: {stats:?}"
+        );
+    } else {
+        assert_eq!(stats.swapins_handed_off, 0, "a 4K swap-in was handed on");
+    }
     drop(region);
     rt.store().drain_slot_caches();
     assert_eq!(

@@ -57,6 +57,11 @@ pub struct Args {
     /// runtime's default is 50); several values are measured side by side.
     #[arg(long, default_value = "50", value_delimiter = ',')]
     event_spin_us: Vec<u64>,
+    /// Swap-ins of folios of at least this many pages are handed by the
+    /// event thread to a filler (0: never; the runtime's default is 2);
+    /// several values are measured side by side.
+    #[arg(long, default_value = "2", value_delimiter = ',')]
+    handoff_pages: Vec<usize>,
     /// How stored pages leave memory: `move` (moved out, no event, where
     /// the kernel can) or `in-place` (MADV_DONTNEED); both measured side by
     /// side when both are given.
@@ -97,6 +102,7 @@ struct Setup {
     layout: Layout,
     clean: CleanCopies,
     spin_us: u64,
+    handoff_pages: usize,
 }
 
 /// What a touch does.
@@ -129,6 +135,7 @@ impl Mode {
 struct Row {
     mode: Mode,
     event_spin_us: u64,
+    handoff_pages: usize,
     folio: String,
     free_mode: &'static str,
     discard: Discard,
@@ -226,6 +233,7 @@ fn measure(args: &Args, setup: Setup, pages: &[u8]) -> Result<Measured, String> 
         engines,
         slot_free: setup.free,
         event_spin: Duration::from_micros(setup.spin_us),
+        handoff_pages: setup.handoff_pages,
         discard_by_move: setup.discard == Discard::Move,
         layout: setup.layout,
         keep_clean_copies: setup.clean == CleanCopies::Keep,
@@ -363,15 +371,18 @@ pub fn run(args: &Args) -> Result<(), String> {
                     for &layout in &args.layout {
                         for &clean in &args.clean_copies {
                             for &spin_us in &args.event_spin_us {
-                                setups.push(Setup {
-                                    pressure,
-                                    folio,
-                                    free,
-                                    discard,
-                                    layout,
-                                    clean,
-                                    spin_us,
-                                });
+                                for &handoff_pages in &args.handoff_pages {
+                                    setups.push(Setup {
+                                        pressure,
+                                        folio,
+                                        free,
+                                        discard,
+                                        layout,
+                                        clean,
+                                        spin_us,
+                                        handoff_pages,
+                                    });
+                                }
                             }
                         }
                     }
@@ -387,17 +398,18 @@ pub fn run(args: &Args) -> Result<(), String> {
     let mut samples: Vec<(Mode, String, Vec<u64>)> = Vec::new();
     for setup in setups {
         bar.set_message(format!(
-            "{} {} {} {} {} spin {}us",
+            "{} {} {} {} {} spin {}us handoff {}",
             setup.pressure.name(),
             format_size(setup.folio as u64),
             setup.free.name(),
             setup.discard.name(),
             setup.layout,
-            setup.spin_us
+            setup.spin_us,
+            setup.handoff_pages
         ));
         let (row, lat) = row(args, &floors, setup, &pages)?;
         let label = format!(
-            "{} {} {} {} {}{}",
+            "{} {} {} {} {}{}{}",
             row.folio,
             row.free_mode,
             row.discard.name(),
@@ -405,6 +417,11 @@ pub fn run(args: &Args) -> Result<(), String> {
             setup.clean.name(),
             if setup.spin_us > 0 {
                 format!(" spin {}us", setup.spin_us)
+            } else {
+                String::new()
+            },
+            if setup.handoff_pages > 0 {
+                format!(" handoff {}", setup.handoff_pages)
             } else {
                 String::new()
             }
@@ -469,6 +486,7 @@ fn row(
     let row = Row {
         mode: setup.pressure,
         event_spin_us: setup.spin_us,
+        handoff_pages: setup.handoff_pages,
         folio: format_size(folio as u64),
         free_mode: setup.free.name(),
         discard: setup.discard,
@@ -498,6 +516,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
                 "clean",
                 "engines",
                 "spin us",
+                "handoff",
                 "faults",
             ][..],
             &Latency::HEADER[..],
@@ -515,6 +534,7 @@ fn print_and_write(args: &Args, rows: Vec<Row>, floors: Floors) -> Result<(), St
             r.clean_copies.name().to_string(),
             r.engines.clone(),
             r.event_spin_us.to_string(),
+            r.handoff_pages.to_string(),
             r.faults.to_string(),
         ];
         cells.extend(r.latency.cells());

@@ -35,8 +35,16 @@ pub struct RuntimeConfig {
     pub swap_slots: u32,
     /// How released slots are freed.
     pub slot_free: FreeMode,
-    /// Threads serving page faults that must wait.
+    /// Threads serving page faults that must wait, and swap-ins handed on
+    /// (`handoff_pages`).
     pub fillers: usize,
+    /// Swap-ins of folios of at least this many pages are handed by the
+    /// event thread to a filler, and the event thread goes back to reading:
+    /// a fault of another thread is then served beside it instead of after
+    /// it. A single event thread serves faults one at a time, so two
+    /// threads faulting on 64K folios each waited for the other's swap-in
+    /// too. Zero: never (the hand-off costs a wake-up of the filler).
+    pub handoff_pages: usize,
     /// How long a partly filled plug waits for more folios.
     pub plug_timeout: Duration,
     /// After an event, how long the event thread keeps looking for the next
@@ -100,6 +108,7 @@ impl Default for RuntimeConfig {
             swap_slots: 1 << 20,
             slot_free: FreeMode::Async,
             fillers: 2,
+            handoff_pages: 2,
             plug_timeout: Duration::from_millis(1),
             event_spin: Duration::from_micros(50),
             serve_forks: true,

@@ -68,6 +68,10 @@ counters! {
     zero_fills,
     /// Writes that met a folio being evicted and waited.
     wp_faults,
+    /// Faults whose folio the event thread handed to a filler to bring in
+    /// (`RuntimeConfig::handoff_pages`), so that it could read the next
+    /// fault meanwhile.
+    swapins_handed_off,
     /// Pages brought in ahead of a fault (page_cluster).
     swap_ra,
     /// Faults that waited for reclaim because memory was over the limit.

@@ -79,7 +79,7 @@ use crate::swap::{Backing, SwapFile};
 use crate::zswap::{PoolLimit, Zswap, ZswapConfig};
 use counters::Counters;
 use events::Inheritor;
-use fault::Fault;
+use fault::FillerJob;
 use memory::Memory;
 use scratch::Scratch;
 use space::{Owner, RegionInner, Space};
@@ -246,7 +246,11 @@ pub(crate) struct Shared {
     pub reclaimer_tid: AtomicI32,
     /// Write protection lifted by a fault server (see [`Unprotects`]).
     pub unprotects: Unprotects,
-    pub faults: (Mutex<VecDeque<Fault>>, Condvar),
+    /// The fillers' work: faults that must wait for room, folios handed
+    /// on to be brought in.
+    pub faults: (Mutex<VecDeque<FillerJob>>, Condvar),
+    /// Jobs queued for the fillers or being done by them.
+    pub filler_jobs: AtomicUsize,
     pub counters: Counters,
     /// Forked children that touched their beacon page: pid -> space id
     /// (see [`Runtime::adopt`]).
@@ -431,6 +435,7 @@ impl Runtime {
             reclaimer_tid: AtomicI32::new(0),
             unprotects: Unprotects::default(),
             faults: (Mutex::new(VecDeque::new()), Condvar::new()),
+            filler_jobs: AtomicUsize::new(0),
             counters: Counters::default(),
             fault_latency: latency::Histogram::default(),
             beacon_hits: Mutex::new(std::collections::HashMap::new()),

@@ -35,6 +35,11 @@ use std::sync::atomic::Ordering;
 pub(crate) trait Server {
     /// Whether it may wait for reclaim.
     fn may_wait(&self) -> bool;
+    /// Whether it hands the swap-in of a folio of `pages` pages to a filler
+    /// rather than doing it itself (see `RuntimeConfig::handoff_pages`).
+    fn hands_off(&self, _pages: usize) -> bool {
+        false
+    }
     /// Called when an ioctl meets a changing address space (EAGAIN), with no
     /// lock held: the event thread reads the pending events there, any other
     /// thread yields to it.
