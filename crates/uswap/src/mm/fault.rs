@@ -482,9 +482,16 @@ impl EventThread<'_> {
             self.read_pending();
             self.last_event = Instant::now();
         }
+        #[cfg(feature = "fault-injection")]
+        if !self.follow_ups.is_empty() {
+            shared.hold_follow_ups_if_armed();
+        }
         self.hold_pass();
         for fu in std::mem::take(&mut self.follow_ups) {
             swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, self, false);
+            // A region whose range is all gone was kept for this folio.
+            let base = fu.region.base();
+            fu.space.forget_regions_gone(base, base + fu.region.len);
         }
         while let Some(fault) = self.backlog.pop_front() {
             bump(&shared.counters.faults);

@@ -114,6 +114,12 @@ pub fn state(word: u64) -> u64 {
     word & STATE_MASK
 }
 
+/// Whether a word is owned by a thread at work on it (evicting, loading,
+/// zeroing, or waiting for the parent's eviction), which settles it.
+pub fn is_busy(word: u64) -> bool {
+    matches!(state(word), EVICTING | LOADING | ZEROING | INHERITING)
+}
+
 /// The first swap slot of a SWAPPED, LOADING or CLEAN word.
 pub fn slot(word: u64) -> u32 {
     (word >> SLOT_SHIFT) as u32

@@ -220,6 +220,10 @@ pub(crate) struct Shared {
     /// folios, while armed (see [`Runtime::hold_next_finish`]).
     #[cfg(feature = "fault-injection")]
     pub finish_hold: Hold,
+    /// Tests: the event thread stops before it serves its follow-ups while
+    /// armed (see [`Runtime::hold_next_follow_ups`]).
+    #[cfg(feature = "fault-injection")]
+    pub follow_up_hold: Hold,
     /// Tests: a flush stops under the settled gate, just before it moves a
     /// run of stored pages out, while armed (see
     /// [`Runtime::hold_next_move`]).
@@ -422,6 +426,8 @@ impl Runtime {
             discard_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             finish_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            follow_up_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             move_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
@@ -701,6 +707,30 @@ impl Runtime {
         self.shared.finish_hold.release();
     }
 
+    /// Tests: the event thread stops before it serves its next follow-ups
+    /// (the installs an mremap of stored pages or a fork calls for) until
+    /// [`Runtime::release_follow_ups`], and then until the program forks
+    /// (at most ten seconds): a test can release it, then fork, and the
+    /// follow-ups wait for the fork's event.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_follow_ups(&self) {
+        self.shared.follow_up_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until the event thread is held
+    /// before its follow-ups; false if it was not.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_follow_ups_held(&self) -> bool {
+        self.shared.follow_up_hold.wait_held()
+    }
+
+    /// Tests: lets the event thread held before its follow-ups go on once
+    /// an event is pending.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_follow_ups(&self) {
+        self.shared.follow_up_hold.release();
+    }
+
     /// Tests: the next flush stops just before it moves a run of stored
     /// pages out, under the settled gate (no event is read meanwhile), until
     /// [`Runtime::release_move`]; so a test can change the address space
@@ -896,6 +926,24 @@ impl Hold {
 
 #[cfg(feature = "fault-injection")]
 impl Shared {
+    /// The event thread, before its follow-ups: see
+    /// [`Runtime::hold_next_follow_ups`].
+    pub fn hold_follow_ups_if_armed(&self) {
+        let mut held = false;
+        self.follow_up_hold.stop_if_armed(|| {
+            held = true;
+            true
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while held
+            && !self.fork_pending.load(Ordering::SeqCst)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
+        self.follow_up_hold.over();
+    }
+
     /// The event thread, before it reads: while a test holds it, and one of
     /// the reclaimer's drops in place is under way, waits until that drop's
     /// event is pending in the runtime's own descriptor (nothing else

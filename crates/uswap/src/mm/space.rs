@@ -410,13 +410,22 @@ impl Space {
     /// unmapped or moved away whole, at once or in pieces: nothing in their
     /// ranges is theirs any more, and a program that maps and unmaps all the
     /// time would otherwise grow the list, and every lookup, without bound.
-    /// A folio of theirs still busy settles as GONE through the reference
-    /// its owner holds.
+    ///
+    /// A region with a folio still busy is kept until it settles (the
+    /// event thread looks again after its follow-ups): pages it moved
+    /// elsewhere may be yet to be installed there, and a fork meanwhile
+    /// builds the child's view from the regions kept here. Forgotten before,
+    /// the child never got those pages and read zeros (`mm_defects`, "a
+    /// child forked before the pages of a region moved whole are
+    /// installed").
     pub fn forget_regions_gone(&self, start: usize, end: usize) {
         let gone: Vec<u32> = self
             .overlapping(start, end)
             .iter()
-            .filter(|r| r.all_gone(&r.gaps(), r.base(), r.base() + r.len))
+            .filter(|r| {
+                r.all_gone(&r.gaps(), r.base(), r.base() + r.len)
+                    && !r.folios.iter().any(|f| folio::is_busy(f.load()))
+            })
             .map(|r| r.id)
             .collect();
         if !gone.is_empty() {
