@@ -340,7 +340,8 @@ impl EventThread<'_> {
         }
     }
 
-    /// Releases children that have exited or exec'd.
+    /// Releases children that have exited or exec'd, and forgets regions
+    /// gone whole whose last busy folio has settled.
     fn reap_children(&mut self) {
         let shared = self.shared;
         // Never block on the gate here (see `read_pending`): try later. Held
@@ -348,6 +349,11 @@ impl EventThread<'_> {
         let Ok(_gate) = shared.gate.try_write() else {
             return;
         };
+        // Regions gone whole, kept while a folio of theirs was busy (an
+        // eviction that has finished since).
+        for space in shared.spaces.read().expect("spaces lock").iter() {
+            space.forget_settled_regions();
+        }
         let gone: Vec<Arc<Space>> = shared
             .spaces
             .read()
@@ -489,9 +495,8 @@ impl EventThread<'_> {
         self.hold_pass();
         for fu in std::mem::take(&mut self.follow_ups) {
             swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, self, false);
-            // A region whose range is all gone was kept for this folio.
-            let base = fu.region.base();
-            fu.space.forget_regions_gone(base, base + fu.region.len);
+            // A region whose range is all gone may have been kept for it.
+            fu.space.forget_settled_regions();
         }
         while let Some(fault) = self.backlog.pop_front() {
             bump(&shared.counters.faults);

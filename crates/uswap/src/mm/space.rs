@@ -306,6 +306,9 @@ pub(crate) struct Space {
     /// child, and a fork of this process would wait for ever on a FORK event
     /// of a descriptor nobody reads.
     pub strays: Mutex<Vec<(usize, usize)>>,
+    /// Regions whose range is all gone, kept while a folio of theirs was
+    /// busy (see [`Space::forget_regions_gone`]).
+    gone_but_busy: Mutex<Vec<u32>>,
     /// While the reclaimer's own drop in place (MADV_DONTNEED) of this
     /// space is in flight and its last REMOVE event has been read: the
     /// drop's generation (0: none) and when the event was read
@@ -334,6 +337,7 @@ impl Space {
             extras: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
             strays: Mutex::new(Vec::new()),
+            gone_but_busy: Mutex::new(Vec::new()),
             events_held_for: AtomicU64::new(0),
             events_held_at: AtomicU32::new(0),
         }
@@ -411,23 +415,51 @@ impl Space {
     /// ranges is theirs any more, and a program that maps and unmaps all the
     /// time would otherwise grow the list, and every lookup, without bound.
     ///
-    /// A region with a folio still busy is kept until it settles (the
-    /// event thread looks again after its follow-ups): pages it moved
-    /// elsewhere may be yet to be installed there, and a fork meanwhile
-    /// builds the child's view from the regions kept here. Forgotten before,
-    /// the child never got those pages and read zeros (`mm_defects`, "a
-    /// child forked before the pages of a region moved whole are
-    /// installed").
+    /// A region with a folio still busy is kept until it settles
+    /// ([`Space::forget_settled_regions`]): pages it moved elsewhere may be
+    /// yet to be installed there, and a fork meanwhile builds the child's
+    /// view from the regions kept here. Forgotten before, the child never
+    /// got those pages and read zeros (`mm_defects`, "a child forked before
+    /// the pages of a region moved whole are installed").
     pub fn forget_regions_gone(&self, start: usize, end: usize) {
-        let gone: Vec<u32> = self
-            .overlapping(start, end)
-            .iter()
-            .filter(|r| {
-                r.all_gone(&r.gaps(), r.base(), r.base() + r.len)
-                    && !r.folios.iter().any(|f| folio::is_busy(f.load()))
-            })
-            .map(|r| r.id)
-            .collect();
+        let mut gone = Vec::new();
+        for r in self.overlapping(start, end) {
+            if !r.all_gone(&r.gaps(), r.base(), r.base() + r.len) {
+                continue;
+            }
+            if r.folios.iter().any(|f| folio::is_busy(f.load())) {
+                let mut busy = self.gone_but_busy.lock().expect("gone regions lock");
+                if !busy.contains(&r.id) {
+                    busy.push(r.id);
+                }
+            } else {
+                gone.push(r.id);
+            }
+        }
+        self.forget(&gone);
+    }
+
+    /// Forgets the regions kept by [`Space::forget_regions_gone`] whose
+    /// folios have all settled since.
+    pub fn forget_settled_regions(&self) {
+        let mut busy = self.gone_but_busy.lock().expect("gone regions lock");
+        if busy.is_empty() {
+            return;
+        }
+        let mut settled = Vec::new();
+        busy.retain(|&id| match self.region(id) {
+            Some(r) if r.folios.iter().any(|f| folio::is_busy(f.load())) => true,
+            Some(_) => {
+                settled.push(id);
+                false
+            }
+            None => false,
+        });
+        drop(busy);
+        self.forget(&settled);
+    }
+
+    fn forget(&self, gone: &[u32]) {
         if !gone.is_empty() {
             self.regions
                 .write()
