@@ -1318,29 +1318,7 @@ fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
         for i in 0..words.count {
             words.write(i, expect(base, base + i * 8));
         }
-        // SAFETY: a reservation to move a page onto, and a shared page for
-        // the child's report.
-        let (target, report) = unsafe {
-            let t = libc::mmap(
-                std::ptr::null_mut(),
-                4 * PAGE,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(t, libc::MAP_FAILED);
-            let r = libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(r, libc::MAP_FAILED);
-            (t as usize + PAGE, r as *mut u64)
-        };
+        let (target, report) = reservation_and_report(2);
         rt.hold_next_finish();
         rt.set_memory_high(PAGE);
         assert!(rt.wait_finish_held(), "no flush reached its finish");
@@ -1372,6 +1350,34 @@ fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
     });
 }
 
+/// For the fork tests: a reservation of `pages` pages to move pages onto
+/// (its start; a page of it stays reserved on each side), and a shared page
+/// where a forked child writes what it read.
+fn reservation_and_report(pages: usize) -> (usize, *mut u64) {
+    // SAFETY: new mappings of our own, which nothing else uses.
+    unsafe {
+        let t = libc::mmap(
+            std::ptr::null_mut(),
+            (pages + 2) * PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(t, libc::MAP_FAILED);
+        let r = libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(r, libc::MAP_FAILED);
+        (t as usize + PAGE, r as *mut u64)
+    }
+}
+
 /// Found by the model soak (4K folios, about 1 run in 4 of its seed 60001):
 /// a forked child read zeros in a page the program had moved. The program
 /// unmapped part of a region and moved the rest of it (stored pages)
@@ -1400,29 +1406,7 @@ fn a_child_forked_before_the_pages_of_a_region_moved_whole_are_installed_reads_t
         // At most one page stays in memory: the move carries stored ones.
         rt.set_memory_high(PAGE);
         evict_to_limit(&rt);
-        // SAFETY: a reservation to move pages onto, and a shared page for
-        // the child's report.
-        let (target, report) = unsafe {
-            let t = libc::mmap(
-                std::ptr::null_mut(),
-                5 * PAGE,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(t, libc::MAP_FAILED);
-            let r = libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(r, libc::MAP_FAILED);
-            (t as usize + PAGE, r as *mut u64)
-        };
+        let (target, report) = reservation_and_report(3);
         // SAFETY: the region's first page, which nothing touches any more.
         assert_eq!(unsafe { libc::munmap(base as *mut _, PAGE) }, 0);
         rt.hold_next_follow_ups();
