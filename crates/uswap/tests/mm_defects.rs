@@ -1390,19 +1390,7 @@ fn reservation_and_report(pages: usize) -> (usize, *mut u64) {
 #[test]
 fn a_child_forked_before_the_pages_of_a_region_moved_whole_are_installed_reads_them() {
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: 16 * MIB,
-            folio_size: PAGE,
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        let len = 4 * PAGE;
-        let region = rt.map(len).unwrap();
-        let base = region.as_ptr() as usize;
-        let words = Words::of(&region);
-        for i in 0..words.count {
-            words.write(i, expect(base, base + i * 8));
-        }
+        let (rt, _region, base, len) = filled_region(PAGE, 4, true);
         // At most one page stays in memory: the move carries stored ones.
         rt.set_memory_high(PAGE);
         evict_to_limit(&rt);

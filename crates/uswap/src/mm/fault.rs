@@ -15,8 +15,8 @@
 //! (LOADING): the event thread goes back to reading, so that a fault of
 //! another thread is served beside it rather than after it. Two threads
 //! faulting on 64K folios waited for each other's decompression before:
-//! `uswap bench faults --mode no-pressure --folios 64k --handoff-pages 0,2`
-//! gave p50 175 against 119 us.
+//! `uswap bench faults --faults 4000 --mode no-pressure --folios 64k
+//! --handoff-pages 0,2` gave p50 166 against 128 us in one run.
 //!
 //! Room is first come, first served: while any fault waits for room, the
 //! event thread hands on every fault that needs room too instead of taking

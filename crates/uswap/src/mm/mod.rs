@@ -725,7 +725,7 @@ impl Runtime {
     }
 
     /// Tests: lets the event thread held before its follow-ups go on once
-    /// an event is pending.
+    /// the program forks.
     #[cfg(feature = "fault-injection")]
     pub fn release_follow_ups(&self) {
         self.shared.follow_up_hold.release();
