@@ -1,11 +1,26 @@
 //! The LZO1X decoder for both bitstream versions (`lzo` and `lzo-rle`).
 //!
-//! Written against untrusted input: every read and write is bounds-checked
-//! through slices, every length is checked against the space left before it
-//! is used, and the stream must end with the end marker exactly at the end
-//! of the input and of the output.
+//! Written against untrusted input. Every length the stream gives is checked
+//! against what is left of the input and of the output before anything is
+//! read or written, every match distance against what is already written,
+//! and the stream must end with the end marker exactly at the end of the
+//! input and of the output.
+//!
+//! # Why raw copies
+//!
+//! Most instructions move a handful of bytes, so per-step bounds checks and
+//! exact-length copies cost more than the bytes themselves. Where at least
+//! 16 bytes are left on both sides, copies go in whole 4-, 8- or 16-byte
+//! words with one check per instruction: the words may run past the copy's
+//! end, into bytes later instructions write over (a stream that fills the
+//! output exactly always does), but never past the buffers. Against the
+//! same decoder with checked slice copies, in alternate runs of `uswap bench
+//! codecs --codecs lzo-rle --folios 4k,64k --rounds 2`, the 64 KiB p50 went
+//! from 82 and 79 us to 57 and 54 us (4 KiB: 4.9 and 5.3 us to 4.0 and
+//! 3.6 us).
 
 use super::compress::{MIN_ZERO_RUN, RLE_VERSION, VERSION_MARKER};
+use std::ptr;
 
 /// Why a stream was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,20 +39,37 @@ pub enum LzoError {
     UnknownVersion,
 }
 
-struct Input<'a> {
-    bytes: &'a [u8],
-    pos: usize,
+/// How far past the end of a copy a word copy may write (and read).
+const SLOP: usize = 16;
+
+/// Where decoding stands: `ip` indexes the input, `op` the output.
+///
+/// Invariant: `ip <= src.len()` and `op <= dst.len()`; every unchecked
+/// access below is justified against it and a check right before it.
+struct Decoder<'a> {
+    src: &'a [u8],
+    dst: &'a mut [u8],
+    ip: usize,
+    op: usize,
 }
 
-impl Input<'_> {
+impl Decoder<'_> {
+    fn input_left(&self) -> usize {
+        self.src.len() - self.ip
+    }
+
+    fn output_left(&self) -> usize {
+        self.dst.len() - self.op
+    }
+
     fn byte(&mut self) -> Result<usize, LzoError> {
-        let b = *self.bytes.get(self.pos).ok_or(LzoError::InputOverrun)?;
-        self.pos += 1;
+        let b = *self.src.get(self.ip).ok_or(LzoError::InputOverrun)?;
+        self.ip += 1;
         Ok(b as usize)
     }
 
     fn peek_le16(&self) -> Result<usize, LzoError> {
-        match self.bytes.get(self.pos..self.pos + 2) {
+        match self.src.get(self.ip..self.ip + 2) {
             Some(b) => Ok(b[0] as usize | (b[1] as usize) << 8),
             None => Err(LzoError::InputOverrun),
         }
@@ -45,7 +77,7 @@ impl Input<'_> {
 
     fn le16(&mut self) -> Result<usize, LzoError> {
         let v = self.peek_le16()?;
-        self.pos += 2;
+        self.ip += 2;
         Ok(v)
     }
 
@@ -61,95 +93,107 @@ impl Input<'_> {
         }
     }
 
-    fn take(&mut self, n: usize) -> Result<&[u8], LzoError> {
-        let end = self.pos.checked_add(n).ok_or(LzoError::InputOverrun)?;
-        let run = self
-            .bytes
-            .get(self.pos..end)
-            .ok_or(LzoError::InputOverrun)?;
-        self.pos = end;
-        Ok(run)
-    }
-}
-
-struct Output<'a> {
-    bytes: &'a mut [u8],
-    pos: usize,
-}
-
-impl Output<'_> {
-    fn room(&self, n: usize) -> Result<(), LzoError> {
-        if n <= self.bytes.len() - self.pos {
-            Ok(())
+    /// Copies a run of `n` literals from the input to the output.
+    fn literals(&mut self, n: usize) -> Result<(), LzoError> {
+        if n > self.input_left() {
+            return Err(LzoError::InputOverrun);
+        }
+        if n > self.output_left() {
+            return Err(LzoError::OutputOverrun);
+        }
+        if n + SLOP <= self.input_left() && n + SLOP <= self.output_left() {
+            let mut done = 0;
+            while done < n {
+                // SAFETY: `done < n`, so the 16 bytes at `ip + done` and at
+                // `op + done` end before `ip + n + SLOP` and `op + n + SLOP`,
+                // which the check above keeps inside `src` and `dst`; the two
+                // are distinct slices, so they do not overlap.
+                unsafe {
+                    ptr::copy_nonoverlapping(
+                        self.src.as_ptr().add(self.ip + done),
+                        self.dst.as_mut_ptr().add(self.op + done),
+                        16,
+                    );
+                }
+                done += 16;
+            }
         } else {
-            Err(LzoError::OutputOverrun)
+            self.dst[self.op..self.op + n].copy_from_slice(&self.src[self.ip..self.ip + n]);
         }
-    }
-
-    fn literals(&mut self, input: &mut Input<'_>, n: usize) -> Result<(), LzoError> {
-        // Most runs are short: with 16 bytes to spare on both sides, copy 16
-        // at once. The bytes past the run are garbage only until the next
-        // instructions write over them, which a stream that fills the output
-        // exactly always does.
-        if n <= 16 && self.pos + 16 <= self.bytes.len() && input.pos + 16 <= input.bytes.len() {
-            let run: [u8; 16] = input.bytes[input.pos..input.pos + 16]
-                .try_into()
-                .expect("16 bytes");
-            self.bytes[self.pos..self.pos + 16].copy_from_slice(&run);
-            self.pos += n;
-            input.pos += n;
-            return Ok(());
-        }
-        self.room(n)?;
-        let run = input.take(n)?;
-        self.bytes[self.pos..self.pos + n].copy_from_slice(run);
-        self.pos += n;
+        self.ip += n;
+        self.op += n;
         Ok(())
     }
 
+    /// The 0..3 literals after a match.
+    fn trailing_literals(&mut self, n: usize) -> Result<(), LzoError> {
+        if self.input_left() >= 4 && self.output_left() >= 4 {
+            // SAFETY: four bytes are left at `ip` in `src` and at `op` in
+            // `dst` (checked above), distinct slices; `n <= 3`.
+            unsafe {
+                ptr::copy_nonoverlapping(
+                    self.src.as_ptr().add(self.ip),
+                    self.dst.as_mut_ptr().add(self.op),
+                    4,
+                );
+            }
+            self.ip += n;
+            self.op += n;
+            Ok(())
+        } else {
+            self.literals(n)
+        }
+    }
+
     fn zeros(&mut self, n: usize) -> Result<(), LzoError> {
-        self.room(n)?;
-        self.bytes[self.pos..self.pos + n].fill(0);
-        self.pos += n;
+        if n > self.output_left() {
+            return Err(LzoError::OutputOverrun);
+        }
+        self.dst[self.op..self.op + n].fill(0);
+        self.op += n;
         Ok(())
     }
 
     /// Copies `len` bytes from `distance` back; overlapping copies repeat the
     /// pattern, as LZ77 requires.
     fn copy_match(&mut self, distance: usize, len: usize) -> Result<(), LzoError> {
-        if distance == 0 || distance > self.pos {
+        if distance == 0 || distance > self.op {
             return Err(LzoError::LookbehindOverrun);
         }
-        self.room(len)?;
-        let start = self.pos - distance;
-        if distance >= 8 && self.pos + len + 8 <= self.bytes.len() {
-            // Eight bytes a step: each read lies wholly before its write
-            // (distance >= 8), so it sees only final bytes; the last step may
-            // write up to seven bytes past the match, which later
-            // instructions overwrite (as for literals).
-            let (mut from, mut to) = (start, self.pos);
-            let end = self.pos + len;
-            while to < end {
-                let word: [u8; 8] = self.bytes[from..from + 8].try_into().expect("8 bytes");
-                self.bytes[to..to + 8].copy_from_slice(&word);
-                from += 8;
-                to += 8;
+        if len > self.output_left() {
+            return Err(LzoError::OutputOverrun);
+        }
+        let start = self.op - distance;
+        if distance >= 8 && len + SLOP <= self.output_left() {
+            let base = self.dst.as_mut_ptr();
+            let mut done = 0;
+            while done < len {
+                // SAFETY: `done < len`, so the word read at `start + done`
+                // and the one written at `op + done` both end before
+                // `op + len + 8`, inside `dst` (checked above). The read
+                // ends at `start + done + 8 <= op + done`, where the write
+                // begins (`distance >= 8`), so it sees only bytes already
+                // final, and the two do not overlap.
+                unsafe {
+                    let word = ptr::read_unaligned(base.add(start + done) as *const u64);
+                    ptr::write_unaligned(base.add(self.op + done) as *mut u64, word);
+                }
+                done += 8;
             }
         } else if distance == 1 {
-            let b = self.bytes[start];
-            self.bytes[self.pos..self.pos + len].fill(b);
+            let b = self.dst[start];
+            self.dst[self.op..self.op + len].fill(b);
         } else {
             // The bytes from `start` to the write position are the pattern
             // repeated, so each step may copy everything written so far.
             let mut done = 0;
             while done < len {
-                let chunk = (self.pos + done - start).min(len - done);
-                self.bytes
-                    .copy_within(start..start + chunk, self.pos + done);
+                let chunk = (self.op + done - start).min(len - done);
+                self.dst.copy_within(start..start + chunk, self.op + done);
                 done += chunk;
             }
         }
-        self.pos += len;
+        self.op += len;
         Ok(())
     }
 }
@@ -159,44 +203,47 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), LzoError> {
     if src.len() < 3 {
         return Err(LzoError::InputOverrun);
     }
-    let mut input = Input { bytes: src, pos: 0 };
-    let mut output = Output { bytes: dst, pos: 0 };
-
     let rle = src.len() >= 5 && src[0] == VERSION_MARKER;
+    let mut d = Decoder {
+        src,
+        dst,
+        ip: 0,
+        op: 0,
+    };
     if rle {
         if src[1] != RLE_VERSION {
             return Err(LzoError::UnknownVersion);
         }
-        input.pos = 2;
+        d.ip = 2;
     }
 
     // `state`: literals copied by the previous instruction (4 = four or more).
     let mut state;
-    let first = *src.get(input.pos).ok_or(LzoError::InputOverrun)? as usize;
+    let first = *src.get(d.ip).ok_or(LzoError::InputOverrun)? as usize;
     if first > 17 {
-        input.pos += 1;
+        d.ip += 1;
         let n = first - 17;
-        output.literals(&mut input, n)?;
+        d.literals(n)?;
         state = n.min(4);
     } else {
         state = 0;
     }
 
     loop {
-        let t = input.byte()?;
+        let t = d.byte()?;
         let (distance, len, next);
         if t < 16 {
             if state == 0 {
                 let n = if t == 0 {
-                    15 + input.extended_length()?
+                    15 + d.extended_length()?
                 } else {
                     t
                 };
-                output.literals(&mut input, n + 3)?;
+                d.literals(n + 3)?;
                 state = 4;
                 continue;
             }
-            let h = input.byte()?;
+            let h = d.byte()?;
             next = t & 3;
             if state < 4 {
                 distance = 1 + (t >> 2) + (h << 2);
@@ -206,45 +253,45 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), LzoError> {
                 len = 3;
             }
         } else if t >= 64 {
-            let h = input.byte()?;
+            let h = d.byte()?;
             distance = 1 + ((t >> 2) & 7) + (h << 3);
             len = (t >> 5) + 1;
             next = t & 3;
         } else if t >= 32 {
             let short = t & 31;
             len = 2 + if short == 0 {
-                31 + input.extended_length()?
+                31 + d.extended_length()?
             } else {
                 short
             };
-            let v = input.le16()?;
+            let v = d.le16()?;
             distance = 1 + (v >> 2);
             next = v & 3;
         } else {
-            let v = input.peek_le16()?;
+            let v = d.peek_le16()?;
             if rle && (v & 0xfffc) == 0xfffc && (t & 0xf8) == 0x18 {
-                input.pos += 2;
-                let high = input.byte()?;
-                output.zeros(MIN_ZERO_RUN + ((t & 7) | high << 3))?;
+                d.ip += 2;
+                let high = d.byte()?;
+                d.zeros(MIN_ZERO_RUN + ((t & 7) | high << 3))?;
                 next = v & 3;
-                output.literals(&mut input, next)?;
+                d.trailing_literals(next)?;
                 state = next;
                 continue;
             }
             let short = t & 7;
             len = 2 + if short == 0 {
-                7 + input.extended_length()?
+                7 + d.extended_length()?
             } else {
                 short
             };
-            let v = input.le16()?;
+            let v = d.le16()?;
             let far = ((t & 8) << 11) + (v >> 2);
             next = v & 3;
             if far == 0 {
-                if len != 3 || next != 0 || input.pos != src.len() {
+                if len != 3 || next != 0 || d.ip != src.len() {
                     return Err(LzoError::BadEnd);
                 }
-                return if output.pos == output.bytes.len() {
+                return if d.op == d.dst.len() {
                     Ok(())
                 } else {
                     Err(LzoError::ShortOutput)
@@ -252,8 +299,8 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), LzoError> {
             }
             distance = far + 16384;
         }
-        output.copy_match(distance, len)?;
-        output.literals(&mut input, next)?;
+        d.copy_match(distance, len)?;
+        d.trailing_literals(next)?;
         state = next;
     }
 }
