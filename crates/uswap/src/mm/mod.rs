@@ -602,6 +602,12 @@ impl Runtime {
         self.shared.config.slack_at(self.memory_high())
     }
 
+    /// How far under `memory_high` the reclaimer evicts once it passed it
+    /// (its low mark).
+    pub fn reclaim_margin(&self) -> usize {
+        self.shared.reclaim_margin()
+    }
+
     /// The limit now.
     pub fn memory_high(&self) -> usize {
         self.shared.memory_high()
@@ -1082,6 +1088,16 @@ impl Shared {
     /// how far over `memory_high` this lets resident memory go.
     pub fn reclaim_limit(&self) -> usize {
         self.memory_high() + self.unfit.load(Ordering::Acquire)
+    }
+
+    /// How far under [`Shared::reclaim_limit`] the reclaimer evicts once
+    /// woken: the slack, but at most a quarter of `memory_high`, in whole
+    /// folios of the default size (none under a limit of fewer than four
+    /// folios, which then keeps every folio it can hold).
+    pub fn reclaim_margin(&self) -> usize {
+        let high = self.memory_high();
+        let folio = self.config.folio_size;
+        self.config.slack_at(high).min(high / 4) / folio * folio
     }
 
     /// The live space with `id`.

@@ -1,5 +1,12 @@
 //! Reclaim: when resident managed memory passes `memory_high`, evict cold
-//! folios.
+//! folios until it is a margin under it.
+//!
+//! Marks, as kswapd's: the reclaimer wakes once resident memory passes the
+//! limit (`Shared::reclaim_limit`), and goes on evicting down to the low
+//! mark, the limit less [`Shared::reclaim_margin`]; faults wait for it only
+//! past the limit plus the slack (`RuntimeConfig::slack`). Stopping at the
+//! limit itself left no room: the next fault passed it again, and reclaim
+//! ran one plug at a time in step with the faults, waking for each.
 //!
 //! Order: FIFO of folios in fault-in order; a folio that refaulted soon
 //! after its eviction (refault distance shorter than what fits in memory,
@@ -87,13 +94,22 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
         refused_at: Instant::now(),
         unfit_in_row: 0,
     };
+    // Woken over the limit, reclaim goes on down to the low mark.
+    let mut draining = false;
     shared.thread_started();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
             release_plug(shared, &mut plug);
             return;
         }
-        let over = shared.resident.load(Ordering::Acquire) > shared.reclaim_limit();
+        let resident = shared.resident.load(Ordering::Acquire);
+        let limit = shared.reclaim_limit();
+        if resident > limit {
+            draining = true;
+        } else if resident + shared.reclaim_margin() <= limit {
+            draining = false;
+        }
+        let over = draining;
         let pause_left = pace.backoff.saturating_sub(pace.refused_at.elapsed());
         let victim = if over && pause_left.is_zero() {
             next_victim(shared)
@@ -128,7 +144,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             flush_and_pace(shared, &mut plug, &mut staging, &mut pace);
             continue;
         }
-        if over && plug.is_empty() && pause_left.is_zero() {
+        if resident > limit && plug.is_empty() && pause_left.is_zero() {
             // Nothing left to evict.
             shared.reclaim_stuck.store(true, Ordering::Release);
             shared.reclaimed.1.notify_all();
