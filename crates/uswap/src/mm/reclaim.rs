@@ -11,8 +11,9 @@
 //! Order: FIFO of folios in fault-in order; a folio that refaulted soon
 //! after its eviction (refault distance shorter than what fits in memory,
 //! the kernel's workingset test) is marked active and gets one more pass.
-//! Victims are collected in a plug of up to `compress_batchsize` folios
-//! (flushed when full, before a 2M folio, and after a short timeout). At a
+//! Victims are collected in plugs, one per address space ([`Plug`]), of up
+//! to `compress_batchsize` folios (flushed when full, before a 2M folio,
+//! and after a short timeout). At a
 //! flush they are write-protected, copied out in one `process_vm_readv`,
 //! stored with one `store_batch`, then discarded: moved out to a scratch
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
@@ -86,8 +87,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
     shared.reclaimer_tid.store(tid, Ordering::Relaxed);
-    let mut plug: Vec<Victim> = Vec::new();
-    let mut plugged_at = Instant::now();
+    let mut plugs: Vec<Plug> = Vec::new();
     let mut staging: Vec<u8> = Vec::new();
     let mut pace = Pace {
         backoff: Duration::ZERO,
@@ -99,7 +99,9 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
     shared.thread_started();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
-            release_plug(shared, &mut plug);
+            for plug in &mut plugs {
+                release_plug(shared, &mut plug.victims);
+            }
             return;
         }
         let resident = shared.resident.load(Ordering::Acquire);
@@ -116,42 +118,31 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
         } else {
             None
         };
-        let flush_now = match &victim {
-            Some(v) => {
-                // A plug holds one address space's folios; a 2 MiB folio
-                // goes alone.
-                let other_space = plug.first().is_some_and(|p| p.space.id != v.space.id);
-                if (v.region.folio_size >= 2 << 20 || other_space) && !plug.is_empty() {
-                    flush_and_pace(shared, &mut plug, &mut staging, &mut pace);
-                }
-                false
-            }
-            None => {
-                !plug.is_empty() && (plugged_at.elapsed() >= shared.config.plug_timeout || !over)
-            }
-        };
         if let Some(v) = victim {
-            if plug.is_empty() {
-                plugged_at = Instant::now();
-            }
-            plug.push(v);
-            if plug.len() >= shared.config.compress_batchsize {
-                flush_and_pace(shared, &mut plug, &mut staging, &mut pace);
-            }
+            plug_victim(shared, &mut plugs, v, &mut staging, &mut pace);
             continue;
         }
-        if flush_now {
-            flush_and_pace(shared, &mut plug, &mut staging, &mut pace);
+        // No victim now: the plugs that waited long enough go, and all of
+        // them once memory is under the low mark.
+        let mut flushed = false;
+        for plug in &mut plugs {
+            if plug.since.elapsed() >= shared.config.plug_timeout || !over {
+                flush_and_pace(shared, &mut plug.victims, &mut staging, &mut pace);
+                flushed = true;
+            }
+        }
+        plugs.retain(|p| !p.victims.is_empty());
+        if flushed {
             continue;
         }
-        if resident > limit && plug.is_empty() && pause_left.is_zero() {
+        if resident > limit && plugs.is_empty() && pause_left.is_zero() {
             // Nothing left to evict.
             shared.reclaim_stuck.store(true, Ordering::Release);
             shared.reclaimed.1.notify_all();
         }
         let wait = if !pause_left.is_zero() {
             pause_left
-        } else if plug.is_empty() {
+        } else if plugs.is_empty() {
             Duration::from_millis(10)
         } else {
             shared.config.plug_timeout
@@ -165,6 +156,60 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
                 .0;
         }
         *kicked = false;
+    }
+}
+
+/// Folios taken for eviction (EVICTING) that wait for their flush, all of
+/// one address space: a flush acts through one process's descriptor (and
+/// its agent). The reclaimer keeps one plug per address space, up to
+/// [`MAX_PLUGS`], so that the folios of processes faulting in turn still
+/// gather into whole batches. With one plug, flushed whenever the queue's
+/// next folio was another process's, `uswap run` of two processes touching
+/// at random flushed 2.1 folios per batch (`reclaim_batches` against
+/// `evicted_folios`).
+struct Plug {
+    victims: Vec<Victim>,
+    /// When its first folio was taken: it goes after `plug_timeout`.
+    since: Instant,
+}
+
+/// The most plugs at once; a victim of one more address space first
+/// flushes the oldest.
+const MAX_PLUGS: usize = 4;
+
+/// Adds `v` to its address space's plug, flushing what that makes due: the
+/// plug once it holds a batch, and the plug already there before a 2 MiB
+/// folio (which starts a plug of its own).
+fn plug_victim(
+    shared: &Shared,
+    plugs: &mut Vec<Plug>,
+    v: Victim,
+    staging: &mut Vec<u8>,
+    pace: &mut Pace,
+) {
+    let k = match plugs.iter().position(|p| p.victims[0].space.id == v.space.id) {
+        Some(k) => k,
+        None => {
+            if plugs.len() >= MAX_PLUGS {
+                let mut oldest = plugs.remove(0);
+                flush_and_pace(shared, &mut oldest.victims, staging, pace);
+            }
+            plugs.push(Plug {
+                victims: Vec::new(),
+                since: Instant::now(),
+            });
+            plugs.len() - 1
+        }
+    };
+    let plug = &mut plugs[k];
+    if v.region.folio_size >= 2 << 20 && !plug.victims.is_empty() {
+        flush_and_pace(shared, &mut plug.victims, staging, pace);
+        plug.since = Instant::now();
+    }
+    plug.victims.push(v);
+    if plug.victims.len() >= shared.config.compress_batchsize {
+        flush_and_pace(shared, &mut plug.victims, staging, pace);
+        plugs.remove(k);
     }
 }
 
