@@ -114,25 +114,25 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
         let over = draining;
         let pause_left = pace.backoff.saturating_sub(pace.refused_at.elapsed());
         let victim = if over && pause_left.is_zero() {
-            next_victim(shared)
+            let victim = next_victim(shared);
+            if victim.is_none() && resident <= limit {
+                // Under the limit with nothing left to take: what keeps
+                // memory over the low mark cannot go (locked, in its drop
+                // grace), and folios that come in later are not to be
+                // evicted before memory passes the limit again.
+                draining = false;
+            }
+            victim
         } else {
             None
         };
         if let Some(v) = victim {
+            flush_due(shared, &mut plugs, false, &mut staging, &mut pace);
             plug_victim(shared, &mut plugs, v, &mut staging, &mut pace);
             continue;
         }
-        // No victim now: the plugs that waited long enough go, and all of
-        // them once memory is under the low mark.
-        let mut flushed = false;
-        for plug in &mut plugs {
-            if plug.since.elapsed() >= shared.config.plug_timeout || !over {
-                flush_and_pace(shared, &mut plug.victims, &mut staging, &mut pace);
-                flushed = true;
-            }
-        }
-        plugs.retain(|p| !p.victims.is_empty());
-        if flushed {
+        // No victim now: every plug goes once memory is under the low mark.
+        if flush_due(shared, &mut plugs, !over, &mut staging, &mut pace) {
             continue;
         }
         if resident > limit && plugs.is_empty() && pause_left.is_zero() {
@@ -176,6 +176,29 @@ struct Plug {
 /// The most plugs at once; a victim of one more address space first
 /// flushes the oldest.
 const MAX_PLUGS: usize = 4;
+
+/// Flushes the plugs that waited `plug_timeout` (all of them with `all`),
+/// oldest first, until one leaves the store refusing (a pause): the next
+/// would only be refused too. Returns whether any was flushed.
+fn flush_due(
+    shared: &Shared,
+    plugs: &mut Vec<Plug>,
+    all: bool,
+    staging: &mut Vec<u8>,
+    pace: &mut Pace,
+) -> bool {
+    let mut flushed = false;
+    for plug in plugs.iter_mut() {
+        if all || plug.since.elapsed() >= shared.config.plug_timeout {
+            flushed = true;
+            if flush_and_pace(shared, &mut plug.victims, staging, pace) {
+                break;
+            }
+        }
+    }
+    plugs.retain(|p| !p.victims.is_empty());
+    flushed
+}
 
 /// Adds `v` to its address space's plug, flushing what that makes due: the
 /// plug once it holds a batch, and the plug already there before a 2 MiB
@@ -240,8 +263,14 @@ struct Pace {
 /// full store refused, or, until the next progress, once as many unfit
 /// folios in a row as are queued for eviction have been tried. Only then do
 /// faults stop waiting for reclaim (`reclaim_stuck`): one plug of
-/// incompressible pages says nothing about the rest of memory.
-fn flush_and_pace(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>, pace: &mut Pace) {
+/// incompressible pages says nothing about the rest of memory. Returns
+/// whether it paused.
+fn flush_and_pace(
+    shared: &Shared,
+    plug: &mut Vec<Victim>,
+    staging: &mut Vec<u8>,
+    pace: &mut Pace,
+) -> bool {
     let tried = plug.len();
     let stuck = match flush(shared, plug, staging) {
         Flushed::Progress => {
@@ -266,6 +295,7 @@ fn flush_and_pace(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>
     }
     shared.reclaim_stuck.store(stuck, Ordering::Release);
     shared.reclaimed.1.notify_all();
+    stuck
 }
 
 /// Pops folios until one can be taken for eviction (state EVICTING). None
