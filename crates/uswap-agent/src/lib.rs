@@ -479,7 +479,18 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
 /// `mincore` finds them, ENOMEM, answered as ENOENT), or no longer one
 /// mapping (ENOENT too), and then nothing is dropped. (MADV_DONTNEED itself
 /// answers neither.)
+///
+/// Registered memory the program mapped there since, and wrote, passes that
+/// probe when it is managed by then; but its pages lack the write
+/// protection that every page of a stored run keeps until its drop. So
+/// the page map is read first (the probe protects it too): a page in
+/// memory without the protection answers ENOENT.
 fn drop_in_place(start: usize, len: usize) -> i32 {
+    match unprotected_page_in(start, len) {
+        Ok(false) => {}
+        Ok(true) => return libc::ENOENT,
+        Err(e) => return e,
+    }
     let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
     if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
         return e;
@@ -512,6 +523,58 @@ fn drop_in_place(start: usize, len: usize) -> i32 {
 /// `_IOWR('f', 17, struct procmap_query)` (Linux 6.11), the struct being
 /// 13 words.
 const PROCMAP_QUERY: libc::c_ulong = (3 << 30) | (104 << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
+
+/// Page map bits: the page is in memory; it is write-protected through
+/// userfaultfd.
+const PM_PRESENT: u64 = 1 << 63;
+const PM_UFFD_WP: u64 = 1 << 57;
+
+/// Whether a page of `start..start + len` is in memory without the
+/// userfaultfd write protection, by `/proc/self/pagemap` (read into the
+/// agent's stack; opened each time, as `within_one_mapping` says why).
+fn unprotected_page_in(start: usize, len: usize) -> Result<bool, i32> {
+    // SAFETY: opening a proc file by a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/pagemap".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    let mut entries = [0u64; 64];
+    let mut page = start / PAGE;
+    let end = (start + len).div_ceil(PAGE);
+    let mut found = Ok(false);
+    while page < end {
+        let n = (end - page).min(entries.len());
+        // SAFETY: pread writes at most `n * 8` bytes into `entries`, which
+        // holds 64 entries of 8 bytes.
+        let r = unsafe {
+            libc::pread(
+                fd,
+                entries.as_mut_ptr().cast(),
+                n * 8,
+                (page * 8) as libc::off_t,
+            )
+        };
+        if r != (n * 8) as isize {
+            found = Err(if r < 0 { errno() } else { libc::EIO });
+            break;
+        }
+        if entries[..n]
+            .iter()
+            .any(|&e| e & PM_PRESENT != 0 && e & PM_UFFD_WP == 0)
+        {
+            found = Ok(true);
+            break;
+        }
+        page += n;
+    }
+    close(fd);
+    found
+}
 
 /// Whether one mapping covers `start..start + len`; true where the kernel
 /// cannot say (before 6.11). The supervisor drops one mapping at a time:

@@ -2078,6 +2078,31 @@ fn new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes() {
     });
 }
 
+/// Found by `churn` under `uswap run --discard in-place` (zeros in a block
+/// the program had just mapped and filled, with no hold expired): the
+/// program replaces a run the reclaimer has checked and is about to drop in
+/// place, writes the new memory, and the new memory is managed before the
+/// drop's probe. Registered, present and one mapping, it passed the probe,
+/// and the madvise dropped its bytes (its REMOVE event taken for the drop's
+/// own).
+#[test]
+fn new_memory_managed_where_a_drop_in_place_was_checked_keeps_its_bytes() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
+        replace_with_new_memory(base, len);
+        // SAFETY: a private anonymous mapping, folio-aligned, that stays
+        // mapped while the region lives.
+        let newer = unsafe { rt.manage(base as *mut u8, len) }.unwrap();
+        rt.release_drop();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the new memory mapped above.
+        let new = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+        let lost = new.iter().filter(|&&b| b != 0xCD).count();
+        assert_eq!(lost, 0, "{lost} bytes of the new memory lost");
+        drop(newer);
+    });
+}
+
 /// The same with the new memory mapped a moment later: the piece is
 /// unmapped before the drop's check right before its madvise, and mapped
 /// again while the madvise waits for the event of the part before it. The

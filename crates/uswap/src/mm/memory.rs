@@ -93,6 +93,8 @@ pub(crate) enum Memory {
     Own {
         scratch: Option<Scratch>,
         maps: Maps,
+        /// `/proc/self/pagemap`, open.
+        pagemap: File,
     },
     /// Another process.
     Remote {
@@ -109,6 +111,8 @@ pub(crate) enum Memory {
 /// Pagemap entry bits: the page is in memory, or in the kernel's swap.
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
+/// Pagemap entry bit: the page is write-protected through userfaultfd.
+const PM_UFFD_WP: u64 = 1 << 57;
 
 impl Memory {
     /// The memory of process `pid`, whose pages `dropper` drops (and, with
@@ -129,11 +133,12 @@ impl Memory {
 
     /// The runtime's own memory, discarded through `scratch` where moves
     /// work.
-    pub fn own(scratch: Option<Scratch>) -> Memory {
-        Memory::Own {
+    pub fn own(scratch: Option<Scratch>) -> io::Result<Memory> {
+        Ok(Memory::Own {
             scratch,
             maps: Maps::open("/proc/self/maps".into()),
-        }
+            pagemap: File::open("/proc/self/pagemap")?,
+        })
     }
 
     fn pid(&self) -> libc::pid_t {
@@ -220,7 +225,16 @@ impl Memory {
     /// process's agent probes through its own copy).
     pub fn drop_pages(&self, uffd: &Uffd, start: usize, len: usize) -> Result<(), DropError> {
         match self {
-            Memory::Own { maps, .. } => {
+            Memory::Own { maps, pagemap, .. } => {
+                // Every page of a stored run keeps its write protection
+                // until the drop; one in memory without it is memory the
+                // program mapped (and wrote) since the run was checked,
+                // which the probe below passes once it is managed. Read
+                // first: the probe protects it too.
+                match any_unprotected(pagemap, start, len) {
+                    Ok(false) => {}
+                    Ok(true) | Err(_) => return Err(DropError::Changed),
+                }
                 match uffd.write_protect(start, len, true) {
                     // The write-protect passes over holes (Linux 6.3 on).
                     Ok(()) if crate::sys::any_unmapped(start, start + len) => {
@@ -411,6 +425,14 @@ fn maps_range(line: &str) -> Option<(usize, usize)> {
         usize::from_str_radix(lo, 16).ok()?,
         usize::from_str_radix(hi, 16).ok()?,
     ))
+}
+
+/// Whether a page of `start..start + len` is in memory without the
+/// userfaultfd write protection.
+fn any_unprotected(pagemap: &File, start: usize, len: usize) -> io::Result<bool> {
+    Ok(pagemap_entries(pagemap, start, len)?
+        .iter()
+        .any(|&e| e & PM_PRESENT != 0 && e & PM_UFFD_WP == 0))
 }
 
 /// The pagemap entries of `start..start + len`.

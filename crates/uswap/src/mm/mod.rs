@@ -403,7 +403,7 @@ impl Runtime {
                 0,
                 uffd,
                 Owner::Runtime,
-                Some(Memory::own(scratch)),
+                Some(Memory::own(scratch)?),
                 None,
             ))]),
             next_space: AtomicU32::new(1),
