@@ -2394,3 +2394,102 @@ fn unmapped_memory_is_no_longer_taken_for_managed() {
         drop(attached);
     });
 }
+
+/// Found by a JVM under `uswap run` (its threads and the reclaimer stuck
+/// for good in userfaultfd faults): the program replaces memory the
+/// reclaimer has taken for eviction with other managed memory it has not
+/// touched yet (here moved there with mremap; a JVM commits its heap anew
+/// where it was, and the new mapping is managed). The flush's copy-out
+/// reads that memory's missing pages, so the reclaimer itself faults; its
+/// fault, taken for a first touch, waited for room that only the reclaimer
+/// could make.
+#[test]
+fn untouched_memory_moved_where_a_flush_copies_out_does_not_stop_the_reclaimer() {
+    within(Duration::from_secs(60), || {
+        // The first batch's worth of folios, the reclaimer's first victims,
+        // then enough resident memory that a first touch has to wait for
+        // room.
+        let (rt, _region, base, len) = filled_region(FOLIO, 8, true);
+        let rest = rt.map(32 * FOLIO).unwrap();
+        fill_with_expect(&rest);
+        let untouched = rt.map(len).unwrap();
+        rt.hold_next_flush();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_flush_held(), "no flush was held");
+        // SAFETY: the test's own regions: the first is unmapped, and the
+        // untouched one moved whole into its place.
+        unsafe {
+            assert_eq!(libc::munmap(base as *mut _, len), 0);
+            let at = libc::mremap(
+                untouched.as_ptr() as *mut _,
+                len,
+                len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                base as *mut libc::c_void,
+            );
+            assert_eq!(at as usize, base);
+        }
+        rt.release_flush();
+        assert_eq!(
+            rt.stats().reclaim_batches,
+            1,
+            "the flush did not end while memory was over its limit"
+        );
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the moved memory, mapped at `base` now.
+        let moved = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, len) };
+        assert!(
+            moved.iter().all(|&b| b == 0),
+            "untouched memory did not read as zeros"
+        );
+        moved.fill(0xCD);
+        assert!(moved.iter().all(|&b| b == 0xCD));
+        let rest = rest.as_ptr() as usize;
+        check_range(rest, rest, rest + 32 * FOLIO, "memory left as it was");
+    });
+}
+
+/// The same with memory the program has written moved into the place of
+/// what the flush took: the flush write-protects, copies out and drops at
+/// the old address, where the moved memory is now; none of its bytes may
+/// go with the flush's folios.
+#[test]
+fn written_memory_moved_where_a_flush_works_keeps_its_bytes() {
+    for by_move in [true, false] {
+        written_memory_moved_where_a_flush_works(by_move);
+    }
+}
+
+fn written_memory_moved_where_a_flush_works(discard_by_move: bool) {
+    within(Duration::from_secs(60), move || {
+        let (rt, _region, base, len) = filled_region(FOLIO, 8, discard_by_move);
+        let other = rt.map(len).unwrap();
+        // SAFETY: the test's own region.
+        unsafe { std::ptr::write_bytes(other.as_ptr() as *mut u8, 0xCD, len) };
+        rt.hold_next_flush();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_flush_held(), "no flush was held");
+        // SAFETY: the test's own regions: the first is unmapped, and the
+        // written one moved whole into its place.
+        unsafe {
+            assert_eq!(libc::munmap(base as *mut _, len), 0);
+            let at = libc::mremap(
+                other.as_ptr() as *mut _,
+                len,
+                len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                base as *mut libc::c_void,
+            );
+            assert_eq!(at as usize, base);
+        }
+        rt.release_flush();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the moved memory, mapped at `base` now.
+        let moved = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+        let lost = moved.iter().filter(|&&b| b != 0xCD).count();
+        assert_eq!(
+            lost, 0,
+            "{lost} bytes of the moved memory lost (discard by move: {discard_by_move})"
+        );
+    });
+}

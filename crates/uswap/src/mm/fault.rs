@@ -796,11 +796,16 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
     };
     let f = &region.folios[i];
     let own = space.is_evicted();
+    // The reclaimer's own copy-out faults where memory it took for
+    // eviction was replaced (unmapped, and other managed memory mapped or
+    // moved there since): the room it would wait for is the room only the
+    // reclaimer makes.
+    let by_reclaimer = fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed);
     loop {
         let w = f.load();
         match folio::state(w) {
             UNTOUCHED | SWAPPED => {
-                if own && !room {
+                if own && !room && !by_reclaimer {
                     let behind =
                         !server.may_wait() && shared.waiting_for_room.load(Ordering::Acquire) > 0;
                     if behind || must_throttle(shared, region.folio_size) {
@@ -845,9 +850,7 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
             // The reclaimer copying out a folio with a hole in it: the zero
             // page it gets is write-protected like the rest of the folio, so
             // a write racing the eviction waits instead of being dropped.
-            EVICTING if fault.tid as i32 == shared.reclaimer_tid.load(Ordering::Relaxed) => {
-                return zero_page(space, page, true)
-            }
+            EVICTING if by_reclaimer => return zero_page(space, page, true),
             POISONED => return poison_page(space, page),
             // Busy folios: their owner wakes the range when done, and this
             // thread's fault is retried then.

@@ -210,7 +210,10 @@ fn plug_victim(
     staging: &mut Vec<u8>,
     pace: &mut Pace,
 ) {
-    let k = match plugs.iter().position(|p| p.victims[0].space.id == v.space.id) {
+    let k = match plugs
+        .iter()
+        .position(|p| p.victims[0].space.id == v.space.id)
+    {
         Some(k) => k,
         None => {
             if plugs.len() >= MAX_PLUGS {

@@ -234,11 +234,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), LzoError> {
         let (distance, len, next);
         if t < 16 {
             if state == 0 {
-                let n = if t == 0 {
-                    15 + d.extended_length()?
-                } else {
-                    t
-                };
+                let n = if t == 0 { 15 + d.extended_length()? } else { t };
                 d.literals(n + 3)?;
                 state = 4;
                 continue;
