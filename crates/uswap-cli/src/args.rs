@@ -142,10 +142,11 @@ pub struct RuntimeArgs {
     /// a by_n frame of N segments, decompressed in parallel on the engines).
     #[arg(long, env = "USWAP_LAYOUT", default_value = "page", value_parser = layout)]
     pub layout: Layout,
-    /// What a folio brought back for a read does with its stored copy:
-    /// keep (its pages write-protected; evicted again unwritten, it needs no
-    /// compression) or drop.
-    #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "keep")]
+    /// What a folio brought back for a read does with its stored copy: drop
+    /// (the default) or keep (its pages write-protected; evicted again
+    /// unwritten, it needs no compression). keep has corrupted a JVM's heap
+    /// under `uswap run` (README, Known issues).
+    #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "drop")]
     pub clean_copies: CleanCopies,
 }
 

@@ -647,6 +647,17 @@ fn sqlite_with_a_database_in_memory_prints_what_it_prints_alone() {
     assert_eq!(err, "");
 }
 
+/// A JVM with four threads filling HashMaps of arrays on a G1 heap several
+/// times its limit: the heap grows, is collected, and is committed anew
+/// where it was (untouched memory replacing memory taken for eviction, which
+/// once left the reclaimer and the program waiting on each other for good).
+#[test]
+fn java_with_threads_on_a_heap_over_its_limit_prints_what_it_prints_alone() {
+    let (c, err) = interpreter_case("java", "interp.java", false, "64M");
+    assert!(c["evicted_folios"] > 0, "{c:?}");
+    assert_eq!(err, "");
+}
+
 /// node with a worker thread, a Map of objects and 40 MiB that does not
 /// compress: that memory is tried once and then left in memory (there is
 /// no swap file), and the supervisor says so once at the end.

@@ -77,7 +77,9 @@ pub struct RuntimeConfig {
     /// pages write-protected, while the pool has room: evicting it again
     /// before anything writes to it is a discard, not a compression (the
     /// kernel keeps a swapped-in page's swap slot the same way while swap
-    /// is not full). The first write costs a write-protect fault.
+    /// is not full). The first write costs a write-protect fault. Off by
+    /// default: with it, a JVM's heap under `uswap run` was found corrupt
+    /// (README, Known issues).
     pub keep_clean_copies: bool,
     /// How long the reclaimer leaves what is still in memory of a folio the
     /// program dropped pages of (a REMOVE event: MADV_DONTNEED or
@@ -114,7 +116,7 @@ impl Default for RuntimeConfig {
             serve_forks: true,
             discard_by_move: true,
             layout: Layout::PerPage,
-            keep_clean_copies: true,
+            keep_clean_copies: false,
             drop_grace: Duration::from_millis(100),
         }
     }
