@@ -2416,19 +2416,7 @@ fn untouched_memory_moved_where_a_flush_copies_out_does_not_stop_the_reclaimer()
         rt.hold_next_flush();
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_flush_held(), "no flush was held");
-        // SAFETY: the test's own regions: the first is unmapped, and the
-        // untouched one moved whole into its place.
-        unsafe {
-            assert_eq!(libc::munmap(base as *mut _, len), 0);
-            let at = libc::mremap(
-                untouched.as_ptr() as *mut _,
-                len,
-                len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                base as *mut libc::c_void,
-            );
-            assert_eq!(at as usize, base);
-        }
+        move_into_place(&untouched, base, len);
         rt.release_flush();
         assert_eq!(
             rt.stats().reclaim_batches,
@@ -2469,19 +2457,7 @@ fn written_memory_moved_where_a_flush_works(discard_by_move: bool) {
         rt.hold_next_flush();
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_flush_held(), "no flush was held");
-        // SAFETY: the test's own regions: the first is unmapped, and the
-        // written one moved whole into its place.
-        unsafe {
-            assert_eq!(libc::munmap(base as *mut _, len), 0);
-            let at = libc::mremap(
-                other.as_ptr() as *mut _,
-                len,
-                len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                base as *mut libc::c_void,
-            );
-            assert_eq!(at as usize, base);
-        }
+        move_into_place(&other, base, len);
         rt.release_flush();
         rt.set_memory_high(16 * MIB);
         // SAFETY: the moved memory, mapped at `base` now.
@@ -2492,4 +2468,22 @@ fn written_memory_moved_where_a_flush_works(discard_by_move: bool) {
             "{lost} bytes of the moved memory lost (discard by move: {discard_by_move})"
         );
     });
+}
+
+/// Unmaps the test's own `base..base + len` and moves `region` (of that
+/// length) whole into its place with mremap.
+fn move_into_place(region: &uswap::mm::Region, base: usize, len: usize) {
+    // SAFETY: both ranges are the test's own; nothing else is mapped at
+    // `base` once it is unmapped.
+    unsafe {
+        assert_eq!(libc::munmap(base as *mut _, len), 0);
+        let at = libc::mremap(
+            region.as_ptr() as *mut _,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            base as *mut libc::c_void,
+        );
+        assert_eq!(at as usize, base);
+    }
 }

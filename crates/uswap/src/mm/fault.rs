@@ -971,8 +971,6 @@ fn readahead(
     }
 }
 
-/// Whether bringing `incoming` bytes in now would pass `memory_high` plus
-/// the slack while the reclaimer can still free memory.
 /// Whether memory is far enough under `memory_high` that faults make no
 /// reclaim work: only then does the event thread spin for the next event.
 /// Spinning takes a CPU; while the reclaimer and the engines need it (a
@@ -984,6 +982,8 @@ fn reclaim_idle(shared: &Shared) -> bool {
     shared.resident.load(Ordering::Acquire) < high - high / 16
 }
 
+/// Whether bringing `incoming` bytes in now would pass `memory_high` plus
+/// the slack while the reclaimer can still free memory.
 fn must_throttle(shared: &Shared, incoming: usize) -> bool {
     let limit = shared.reclaim_limit() + shared.config.slack_at(shared.memory_high());
     shared.resident.load(Ordering::Acquire) + incoming > limit
