@@ -144,8 +144,8 @@ pub struct RuntimeArgs {
     pub layout: Layout,
     /// What a folio brought back for a read does with its stored copy: drop
     /// (the default) or keep (its pages write-protected; evicted again
-    /// unwritten, it needs no compression). A JVM's heap under `uswap run`
-    /// was found corrupt far more often with keep (README, Known issues).
+    /// unwritten, it needs no compression). Dropped by default while a
+    /// JVM heap corruption under `uswap run` is open (README, Known issues).
     #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "drop")]
     pub clean_copies: CleanCopies,
 }
