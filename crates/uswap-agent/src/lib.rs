@@ -29,10 +29,12 @@
 //! faults only, and empties the scratch when it is full (unregistered
 //! meanwhile, so that the drop raises no event). Pages shared with a
 //! forked child stay (the supervisor is told EBUSY); only pages in a
-//! mapping of other protection are dropped in place. The supervisor checks a range under its settled
-//! gate and lets the gate go before it asks, so the agent checks it again
-//! right before the move (see `move_out`); and the kernel refuses a move
-//! through the program's descriptor while one of its events is unread. The
+//! mapping of other protection are dropped in place. The supervisor checks
+//! a range under its settled gate and lets the gate go before it asks,
+//! reading none of the program's events until the answer, so the agent
+//! checks it again right before the move (see `move_out`); and the kernel
+//! refuses a move through the program's descriptor while one of its
+//! events is unread. The
 //! scratch lies right after the agent thread's stack, and both are the
 //! agent's own memory, which the supervisor never manages:
 //!
@@ -399,12 +401,13 @@ fn empty_scratch() -> Scratch {
 /// the move stopped, the rest to be dropped in place.
 ///
 /// The supervisor checked the range under its settled gate and let the
-/// gate go before asking: meanwhile the program may have unmapped the
-/// range and mapped other memory there. So the range is checked again
-/// here, right before the move: write-protecting it again changes nothing
-/// but answers EAGAIN while an event is unread and ENOENT where part of it
-/// is no longer registered; and the move itself is refused while an event
-/// is unread.
+/// gate go before asking, and it reads none of the program's events until
+/// this answer: an unmap, move or drop of the range since the check (and
+/// with it whatever the program mapped or moved there after) waits with
+/// its event unread. So the range is checked again here, right before the
+/// move: write-protecting it again changes nothing but answers EAGAIN
+/// while an event is unread and ENOENT where part of it is no longer
+/// registered; and the move itself is refused while an event is unread.
 fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
     if len > SCRATCH {
         return (0, libc::EINVAL);

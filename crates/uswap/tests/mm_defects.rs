@@ -1810,7 +1810,10 @@ fn attached_self(
 /// checked again under the settled gate before anything is dropped.
 ///
 /// The process here is this one, attached with a userfaultfd of its own and
-/// a dropper whose first move does what the program did.
+/// a dropper whose first move does what the program did, from two threads:
+/// one maps the new memory over the folio (its mmap waits until the unmap's
+/// event is read, which is once the move is answered), the other writes it
+/// as soon as it is there.
 #[test]
 fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
     use uswap::mm::memory::{Discarded, DropError, DropPages};
@@ -1818,6 +1821,7 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
     struct Remapper {
         armed: AtomicBool,
         remapped: Arc<std::sync::Mutex<Option<(usize, usize)>>>,
+        mapper: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<usize>>>>,
     }
     impl DropPages for Remapper {
         fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
@@ -1831,21 +1835,31 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
             if self.armed.swap(false, Ordering::AcqRel) {
                 // SAFETY: the range is managed memory of this test; new
                 // memory goes exactly where it was.
-                unsafe {
-                    assert_eq!(libc::munmap(start as *mut libc::c_void, len), 0);
-                    let p = libc::mmap(
+                let mapper = std::thread::spawn(move || unsafe {
+                    libc::mmap(
                         start as *mut libc::c_void,
                         len,
                         libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                         -1,
                         0,
-                    );
-                    assert_eq!(p as usize, start, "mapping new memory where the folio was");
-                    for k in 0..len / 8 {
-                        std::ptr::write_volatile((start as *mut u64).add(k), NEW + k as u64);
+                    ) as usize
+                });
+                // The run's pages are still in place until the move: the
+                // new memory has none.
+                let resident = || {
+                    let mut v = 0u8;
+                    // SAFETY: one byte for the one page asked about.
+                    unsafe {
+                        libc::mincore(start as *mut libc::c_void, PAGE, &mut v) == 0 && v & 1 == 1
                     }
+                };
+                assert!(eventually(|| !resident()), "the new memory did not come");
+                for k in 0..len / 8 {
+                    // SAFETY: the new memory, mapped by now.
+                    unsafe { std::ptr::write_volatile((start as *mut u64).add(k), NEW + k as u64) };
                 }
+                *self.mapper.lock().unwrap() = Some(mapper);
                 *self.remapped.lock().unwrap() = Some((start, start + len));
             }
             // Refused for good: what is there is to be dropped in place.
@@ -1858,9 +1872,11 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
     }
     within(Duration::from_secs(60), || {
         let remapped = Arc::new(std::sync::Mutex::new(None));
+        let mapper = Arc::new(std::sync::Mutex::new(None));
         let dropper = Remapper {
             armed: AtomicBool::new(true),
             remapped: remapped.clone(),
+            mapper: mapper.clone(),
         };
         let (rt, attached, base, len) = attached_self(Box::new(dropper));
         evict_to_limit(&rt);
@@ -1868,6 +1884,8 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
             .lock()
             .unwrap()
             .unwrap_or_else(|| panic!("no move was asked for: {:?}", rt.stats()));
+        let mapped = mapper.lock().unwrap().take().unwrap().join().unwrap();
+        assert_eq!(mapped, at, "mapping new memory where the folio was");
         for (k, addr) in (at..end).step_by(8).enumerate() {
             // SAFETY: the new memory the dropper mapped.
             let v = unsafe { std::ptr::read_volatile(addr as *const u64) };
@@ -2453,7 +2471,7 @@ fn written_memory_moved_where_a_flush_works(discard_by_move: bool) {
         let (rt, _region, base, len) = filled_region(FOLIO, 8, discard_by_move);
         let other = rt.map(len).unwrap();
         // SAFETY: the test's own region.
-        unsafe { std::ptr::write_bytes(other.as_ptr() as *mut u8, 0xCD, len) };
+        unsafe { std::ptr::write_bytes(other.as_ptr(), 0xCD, len) };
         rt.hold_next_flush();
         rt.set_memory_high(FOLIO);
         assert!(rt.wait_flush_held(), "no flush was held");
@@ -2486,4 +2504,191 @@ fn move_into_place(region: &uswap::mm::Region, base: usize, len: usize) {
         );
         assert_eq!(at as usize, base);
     }
+}
+
+/// `_IOWR(0xAA, nr, size)`, for the agent's ioctls below.
+const fn uffd_iowr(nr: u64, size: u64) -> u64 {
+    (3 << 30) | (size << 16) | (0xAA << 8) | nr
+}
+
+/// A dropper that moves pages out as the agent of `uswap run` does
+/// (crates/uswap-agent, `move_out`): a write-protect probe of the range
+/// through the program's descriptor (EAGAIN while an event is unread,
+/// ENOENT where the range is no longer registered), then UFFDIO_MOVE into
+/// a scratch registered with that descriptor for write-protect faults
+/// only. Before its first move it says which range it was asked for and
+/// waits for the program to act (a test plays the program's other thread
+/// in that window), at most two seconds: a program the runtime holds up
+/// acts only once the move is answered.
+struct AgentMoves {
+    /// A copy of the program's descriptor.
+    uffd: std::os::fd::OwnedFd,
+    /// Its scratch, registered at the first move (the descriptor is
+    /// negotiated by then).
+    scratch: usize,
+    used: std::sync::Mutex<Option<usize>>,
+    asked: std::sync::Mutex<Option<std::sync::mpsc::Sender<(usize, usize)>>>,
+    acted: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+/// The agent's scratch here: larger than all the test's memory, so that it
+/// is never emptied.
+const AGENT_SCRATCH: usize = 64 * MIB;
+
+impl AgentMoves {
+    fn ioctl<const N: usize>(&self, request: u64, arg: &mut [u64; N]) -> Result<(), i32> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: each request is paired with the kernel struct its number
+        // encodes, laid out as words on the caller's frame.
+        match unsafe { libc::ioctl(self.uffd.as_raw_fd(), request as _, arg.as_mut_ptr()) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
+        }
+    }
+}
+
+impl uswap::mm::memory::DropPages for AgentMoves {
+    fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+        // SAFETY: a drop of this process's memory, as an agent makes it.
+        match unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } {
+            0 => Ok(()),
+            _ => Err(uswap::mm::memory::DropError::Failed(
+                std::io::Error::last_os_error(),
+            )),
+        }
+    }
+
+    fn move_out(&self, start: usize, len: usize) -> uswap::mm::memory::Discarded {
+        use uswap::mm::memory::Discarded;
+        let mut used = self.used.lock().unwrap();
+        if used.is_none() {
+            // start, len, mode (write-protect), ioctls.
+            let mut register = [self.scratch as u64, AGENT_SCRATCH as u64, 2, 0];
+            self.ioctl(uffd_iowr(0x00, 32), &mut register)
+                .expect("registering the agent's scratch");
+            *used = Some(0);
+        }
+        if let Some(asked) = self.asked.lock().unwrap().take() {
+            asked.send((start, len)).unwrap();
+            // Either way the move goes on.
+            let _ = self
+                .acted
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(2));
+        }
+        let again = Discarded {
+            bytes: 0,
+            again: true,
+            shared: false,
+        };
+        let mut probe = [start as u64, len as u64, 1];
+        match self.ioctl(uffd_iowr(0x06, 24), &mut probe) {
+            Ok(()) => {}
+            Err(libc::EAGAIN | libc::ENOENT) => return again,
+            Err(e) => panic!("the agent's probe: errno {e}"),
+        }
+        let at = used.unwrap();
+        assert!(at + len <= AGENT_SCRATCH, "the agent's scratch is full");
+        // dst, src, len, mode (don't wake, allow holes in the source), moved.
+        let mut m = [
+            (self.scratch + at) as u64,
+            start as u64,
+            len as u64,
+            1 | 2,
+            0,
+        ];
+        match self.ioctl(uffd_iowr(0x05, 40), &mut m) {
+            Ok(()) => {
+                *used = Some(at + len);
+                Discarded {
+                    bytes: len,
+                    again: false,
+                    shared: false,
+                }
+            }
+            Err(libc::EAGAIN) if m[4] as i64 <= 0 => again,
+            Err(e) => panic!("the agent's move: errno {e}, {} moved", m[4] as i64),
+        }
+    }
+}
+
+/// Found by a JVM under `uswap run` (its heap corrupt in about one run in
+/// ten: SIGSEGV in the garbage collector, in compiled code, in the JIT
+/// compiler): another process's stored pages leave by a move its agent
+/// makes after the reclaimer has let its event gate go, and the move took
+/// whatever was registered at the range by then. Meanwhile the program had
+/// moved other memory of its own there (mremap: glibc's realloc of a large
+/// block moves it, as into a hole just unmapped), which kept its
+/// registration; the agent's probe passed, and the move took the
+/// program's bytes, which then read as zeros. The runtime now reads no
+/// event of the process while one of its moves is in flight, so that the
+/// move is refused while the program's unmap or move waits to be read.
+#[test]
+fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    const NEW: u64 = 0xBEEF_0000_0000_0000;
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: MIB,
+            folio_size: FOLIO,
+            max_pool_bytes: Some(64 << 20),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        // SAFETY: plain system calls; each descriptor is owned from here.
+        let (uffd, agents) = unsafe {
+            let raw = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+            assert!(raw >= 0, "userfaultfd");
+            let dup = libc::fcntl(raw as i32, libc::F_DUPFD_CLOEXEC, 0);
+            assert!(dup >= 0, "dup");
+            (OwnedFd::from_raw_fd(raw as i32), OwnedFd::from_raw_fd(dup))
+        };
+        let (asked_tx, asked) = std::sync::mpsc::channel();
+        let (acted, acted_rx) = std::sync::mpsc::channel();
+        let dropper = AgentMoves {
+            uffd: agents,
+            scratch: folio_aligned_mapping(AGENT_SCRATCH),
+            used: std::sync::Mutex::new(None),
+            asked: std::sync::Mutex::new(Some(asked_tx)),
+            acted: std::sync::Mutex::new(acted_rx),
+        };
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let attached = rt.attach(uffd, pid, None, Box::new(dropper)).unwrap();
+        let len = 4 * MIB;
+        let base = folio_aligned_mapping(len);
+        for addr in (base..base + len).step_by(8) {
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+        }
+        attached.manage(base, len).unwrap();
+        rt.reclaim_now();
+        let (at, run) = asked
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("no move was asked for: {:?}", rt.stats()));
+        // The program, while the move is asked for: new memory, written and
+        // managed, moved where the run is.
+        let fresh = folio_aligned_mapping(run);
+        for (k, addr) in (fresh..fresh + run).step_by(8).enumerate() {
+            // SAFETY: inside the new mapping.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, NEW + k as u64) };
+        }
+        attached.manage(fresh, run).unwrap();
+        // SAFETY: the new memory goes onto the run's range, the test's own.
+        unsafe { move_pages_onto(fresh, run, at) };
+        acted.send(()).unwrap();
+        evict_to_limit(&rt);
+        let lost = (at..at + run)
+            .step_by(8)
+            .enumerate()
+            // SAFETY: the moved memory, mapped at `at` now.
+            .filter(|&(k, addr)| unsafe { std::ptr::read_volatile(addr as *const u64) } != NEW + k as u64)
+            .count();
+        assert_eq!(lost, 0, "words of the moved memory lost: {:?}", rt.stats());
+        check_range(base, base, at, "before the run");
+        check_range(base, at + run, base + len, "after the run");
+        assert_eq!(rt.stats().store.decompress_fail, 0);
+        drop(attached);
+    });
 }

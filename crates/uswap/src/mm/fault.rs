@@ -124,8 +124,14 @@ const READ_BATCH: usize = 64;
 const HOLD_MAX_MS: u32 = 20;
 
 /// Whether the events of `space` are held (see `EventThread::read_raw`):
-/// until the drop's call has returned, or for at most [`HOLD_MAX_MS`].
+/// while the reclaimer waits for an agent's move out, or until its drop's
+/// call has returned (for at most [`HOLD_MAX_MS`]).
 fn events_held(shared: &Shared, space: &Space) -> bool {
+    // SeqCst: paired with `Shared::unapplied` (see `reclaim.rs`,
+    // `move_out`).
+    if space.move_in_flight.load(Ordering::SeqCst) {
+        return true;
+    }
     let held_for = space.events_held_for.load(Ordering::Acquire);
     if held_for == 0 {
         return false;
@@ -261,6 +267,10 @@ impl EventThread<'_> {
     /// mappings raises one REMOVE per mapping, each after the zap of the
     /// one before, so only its last can be held for: the reclaimer drops
     /// one mapping at a time.)
+    ///
+    /// Nor is anything read from a space while another process's agent
+    /// moves pages of it out for the reclaimer (see `reclaim.rs`,
+    /// `move_out`).
     fn read_raw(&mut self) -> usize {
         let shared = self.shared;
         let spaces = shared.spaces.read().expect("spaces lock");

@@ -183,8 +183,11 @@ impl Memory {
     /// moved by its agent thread, which may be slow to answer or never do
     /// (a stopped program): the gate is let go first, as for a drop in
     /// place, lest the event thread stop reading every process's events
-    /// meanwhile; the agent checks again, just before its move, that no
-    /// event is unread and the range is still registered.
+    /// meanwhile. The caller keeps that process's events unread until the
+    /// answer (`reclaim.rs`, `move_out`), and the agent checks again, just
+    /// before its move, that no event is unread and the range is still
+    /// registered: whatever the program did to the range since the check
+    /// waits unread, and the move is refused.
     pub fn discard_quietly(
         &self,
         start: usize,

@@ -653,9 +653,10 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             // else at the old address) voids the copies here instead of
             // discarding whatever lies there now.
             // A move out raises no event, so it is made under the gate too
-            // (another process's, by its agent, once the gate is released:
-            // see `Memory::discard_quietly`); it is refused while an event
-            // is unread, and tried again once the events are in. A drop in
+            // (another process's, by its agent, once the gate is released,
+            // with none of the process's events read until it answers: see
+            // `move_out`); it is refused while an event is unread, and
+            // tried again once the events are in. A drop in
             // place must wait for its event to be read, so it follows once
             // the gate is released; the event thread then reads nothing more
             // of the process until the drop has returned (see `fault.rs`,
@@ -740,7 +741,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 bytes,
                 again,
                 shared: busy,
-            } = memory.discard_quietly(at, piece_end - at, settled);
+            } = move_out(shared, space, memory, at, piece_end - at, settled);
             shared
                 .counters
                 .discarded_by_move
@@ -1139,6 +1140,47 @@ fn settled_gate<'a>(
             Err(e) => panic!("write-protecting {start:#x}: {e}"),
         }
     }
+}
+
+/// Moves the stored pages of `start..start + len` out of `space` without an
+/// event (`Memory::discard_quietly`), the range having been checked under
+/// `settled`.
+///
+/// The runtime's own pages move under the gate, so no event is read
+/// before the move; another process's are moved by its agent, once the
+/// gate is let go. Meanwhile nothing is read from the space's descriptor:
+/// the agent's move (and its probe before) is refused while an event of
+/// the process is unread, so what the check found at the range is still
+/// there when the move takes it. Read, the program's unmap, move or drop
+/// there would return, and the program could move memory of its own
+/// there, which keeps its registration and passes the probe (a JVM's heap
+/// came back with zeros that way), or map new memory there that a scan
+/// manages.
+fn move_out(
+    shared: &Shared,
+    space: &Space,
+    memory: &Memory,
+    start: usize,
+    len: usize,
+    settled: std::sync::RwLockReadGuard<'_, ()>,
+) -> Discarded {
+    space.move_in_flight.store(true, Ordering::SeqCst);
+    // While the runtime's own process forks, the event thread reads without
+    // the gate (`Shared::read_gate`): it raises `unapplied`, then looks at
+    // the hold; here the hold is raised, then `unapplied` looked at. One of
+    // the two sees the other (both SeqCst), and where this side does, the
+    // move waits for what was read to be applied.
+    let discarded = if shared.unapplied.load(Ordering::SeqCst) {
+        Discarded {
+            bytes: 0,
+            again: true,
+            shared: false,
+        }
+    } else {
+        memory.discard_quietly(start, len, settled)
+    };
+    space.move_in_flight.store(false, Ordering::SeqCst);
+    discarded
 }
 
 /// Reads the folios at `folios` (address, length) into `staging`, back to

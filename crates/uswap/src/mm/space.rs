@@ -316,6 +316,10 @@ pub(crate) struct Space {
     /// meanwhile (see `fault.rs`, `read_raw`).
     pub events_held_for: AtomicU64,
     pub events_held_at: AtomicU32,
+    /// While the reclaimer waits for another process's agent to move pages
+    /// of this space out (`reclaim.rs`, `move_out`): nothing is read from
+    /// the descriptor meanwhile.
+    pub move_in_flight: AtomicBool,
 }
 
 impl Space {
@@ -340,6 +344,7 @@ impl Space {
             gone_but_busy: Mutex::new(Vec::new()),
             events_held_for: AtomicU64::new(0),
             events_held_at: AtomicU32::new(0),
+            move_in_flight: AtomicBool::new(false),
         }
     }
 
