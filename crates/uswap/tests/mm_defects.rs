@@ -2692,3 +2692,68 @@ fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
         drop(attached);
     });
 }
+
+/// A dropper for an attached process that drops in place (MADV_DONTNEED)
+/// and moves nothing.
+struct DropsInPlace;
+
+impl uswap::mm::memory::DropPages for DropsInPlace {
+    fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+        // SAFETY: a drop of this process's memory, as an agent makes it.
+        match unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } {
+            0 => Ok(()),
+            _ => Err(uswap::mm::memory::DropError::Failed(
+                std::io::Error::last_os_error(),
+            )),
+        }
+    }
+    fn move_out(&self, _: usize, _: usize) -> uswap::mm::memory::Discarded {
+        uswap::mm::memory::Discarded {
+            bytes: 0,
+            again: false,
+            shared: false,
+        }
+    }
+}
+
+/// Found by `churn` with block moves under `uswap run` (a piece moved onto
+/// another block read zeros): the scan reads the maps, then manages what no
+/// region holds. In between, the program moved a managed region whole
+/// (mremap) onto memory the scan had seen unmanaged; the region went with
+/// it, and the scan put a second region over the same pages. The reclaimer
+/// evicted them through one while the other still took them for resident,
+/// and a fault there read zeros. A range a region still holds is now
+/// refused; the next scan looks again.
+#[test]
+fn memory_a_region_moved_onto_is_not_managed_twice() {
+    const NEW: u64 = 0xFACE_0000_0000_0000;
+    within(Duration::from_secs(60), || {
+        let (rt, attached, base, len) = attached_self(Box::new(DropsInPlace));
+        let moving = 4 * FOLIO;
+        let region = folio_aligned_mapping(moving);
+        for (k, addr) in (region..region + moving).step_by(8).enumerate() {
+            // SAFETY: inside the new mapping.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, NEW + k as u64) };
+        }
+        attached.manage(region, moving).unwrap();
+        // Memory a scan sees unmanaged, then the region moved onto it.
+        let seen = folio_aligned_mapping(moving);
+        // SAFETY: both ranges are the test's own.
+        unsafe { move_pages_onto(region, moving, seen) };
+        let again = attached.manage(seen, moving);
+        assert!(
+            again.is_err(),
+            "memory a region holds was managed a second time"
+        );
+        evict_to_limit(&rt);
+        let lost = (seen..seen + moving)
+            .step_by(8)
+            .enumerate()
+            // SAFETY: the moved region, mapped at `seen` now.
+            .filter(|&(k, addr)| unsafe { std::ptr::read_volatile(addr as *const u64) } != NEW + k as u64)
+            .count();
+        assert_eq!(lost, 0, "words of the moved region lost: {:?}", rt.stats());
+        check_range(base, base, base + len, "the first region");
+        drop(attached);
+    });
+}

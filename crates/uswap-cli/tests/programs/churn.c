@@ -8,10 +8,13 @@
  * hand out the same address again, to this thread or another), unmaps one
  * piece and maps new memory at exactly that address, drops a piece
  * (MADV_DONTNEED: it must read zeros), makes a piece read-only and checks
- * it, or forks a child that checks the thread's blocks in its copy. What
- * it models: each piece's generation (0: zeros).
+ * it, or forks a child that checks the thread's blocks in its copy; with
+ * MOVES 1, it also moves blocks onto others of its own (mremap, piece by
+ * piece, as glibc's realloc moves a large block). What it models: each
+ * piece's generation (0: zeros), unique to its thread, which is what its
+ * words are made of.
  *
- *   churn [THREADS] [BLOCKS_PER_THREAD] [OPS_PER_THREAD] [SEED]
+ *   churn [THREADS] [BLOCKS_PER_THREAD] [OPS_PER_THREAD] [SEED] [MOVES]
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -47,6 +50,7 @@ struct thread {
 };
 
 static uint64_t seed;
+static int moves;
 
 static uint64_t next(uint64_t *s) {
     uint64_t x = *s;
@@ -54,8 +58,8 @@ static uint64_t next(uint64_t *s) {
     return *s = x;
 }
 
-static uint64_t word(int tid, int blk, int piece, uint64_t gen, size_t i) {
-    uint64_t x = seed ^ ((uint64_t)tid << 48) ^ ((uint64_t)blk << 32) ^ ((uint64_t)piece << 28) ^ gen;
+static uint64_t word(int tid, uint64_t gen, size_t i) {
+    uint64_t x = seed ^ ((uint64_t)tid << 48) ^ gen;
     x *= 0x9e3779b97f4a7c15ULL;
     /* Half repeats, half varies: it compresses somewhat, like real data. */
     return (i & 1) ? x : x + i;
@@ -69,7 +73,7 @@ static void changed(struct thread *t, int blk, int piece, const char *how) {
 static void fill_piece(struct thread *t, int blk, int piece) {
     uint64_t *w = (uint64_t *)(t->b[blk].base + piece * PIECE);
     uint64_t gen = t->b[blk].gen[piece];
-    for (size_t i = 0; i < PIECE / 8; i++) w[i] = word(t->id, blk, piece, gen, i);
+    for (size_t i = 0; i < PIECE / 8; i++) w[i] = word(t->id, gen, i);
 }
 
 /* 0 if the piece holds what the model says. */
@@ -77,11 +81,11 @@ static int check_piece(struct thread *t, int blk, int piece, const char *what) {
     const uint64_t *w = (const uint64_t *)(t->b[blk].base + piece * PIECE);
     uint64_t gen = t->b[blk].gen[piece];
     for (size_t i = 0; i < PIECE / 8; i++) {
-        uint64_t want = gen ? word(t->id, blk, piece, gen, i) : 0;
+        uint64_t want = gen ? word(t->id, gen, i) : 0;
         if (w[i] != want) {
             size_t wrong = 0, last = i;
             for (size_t j = i; j < PIECE / 8; j++)
-                if (w[j] != (gen ? word(t->id, blk, piece, gen, j) : 0)) wrong++, last = j;
+                if (w[j] != (gen ? word(t->id, gen, j) : 0)) wrong++, last = j;
             printf("churn BAD: thread %d block %d piece %d word %zu at %p (%s, pid %d): %#llx, want %#llx (gen %llu); "
                    "%zu words wrong up to word %zu; the piece last changed at operation %ld (%s), now %ld\n",
                    t->id, blk, piece, i, (void *)&w[i], what, (int)getpid(), (unsigned long long)w[i],
@@ -124,7 +128,7 @@ static void *work(void *arg) {
         int piece = next(&t->rng) % PIECES;
         struct block *b = &t->b[blk];
         char *at = b->base + piece * PIECE;
-        switch (next(&t->rng) % 16) {
+        switch (next(&t->rng) % (moves ? 18 : 16)) {
         case 0: case 1: case 2: case 3: case 4:
             t->bad |= check_block(t, blk, "check");
             break;
@@ -185,6 +189,25 @@ static void *work(void *arg) {
             }
             break;
         }
+        case 16: case 17: {
+            /* The block moves onto another block of this thread, whose
+             * memory goes; a new block takes its place. */
+            int to = next(&t->rng) % t->blocks;
+            struct block *d = &t->b[to];
+            if (to == blk) break;
+            t->bad |= check_block(t, blk, "before a move");
+            for (int q = 0; q < PIECES; q++) {
+                if (mremap(b->base + q * PIECE, PIECE, PIECE, MREMAP_MAYMOVE | MREMAP_FIXED,
+                           d->base + q * PIECE) == MAP_FAILED) {
+                    perror("churn: mremap");
+                    exit(2);
+                }
+                d->gen[q] = b->gen[q];
+                changed(t, to, q, "moved here");
+            }
+            new_block(t, blk);
+            break;
+        }
         default:
             t->bad |= check_piece(t, blk, piece, "check piece");
             break;
@@ -200,6 +223,7 @@ int main(int argc, char **argv) {
     int blocks = argc > 2 ? atoi(argv[2]) : 32;
     long ops = argc > 3 ? atol(argv[3]) : 3000;
     seed = argc > 4 ? strtoull(argv[4], NULL, 0) : 1;
+    moves = argc > 5 ? atoi(argv[5]) : 0;
     struct thread *t = calloc(threads, sizeof *t);
     for (int i = 0; i < threads; i++) {
         t[i] = (struct thread){.id = i, .blocks = blocks, .ops = ops,

@@ -195,6 +195,16 @@ impl Attached {
                 format!("manage: {start:#x}+{len:#x} awaits pages a move carried there"),
             ));
         }
+        // A region moved here whole since the caller looked (mremap): its
+        // pages are tracked already. A second region over them would evict
+        // them while the first still takes them for resident, and a fault
+        // there would find the first and read zeros.
+        if self.space.tracks_any(start, start + len) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("manage: {start:#x}+{len:#x} is managed already"),
+            ));
+        }
         self.space.uffd.register(start, len).map_err(|e| match e {
             UffdError::Os(os) => os,
             other => io::Error::other(format!("registering {start:#x}+{len:#x}: {other}")),

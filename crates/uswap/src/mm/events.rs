@@ -230,6 +230,13 @@ pub(crate) fn on_remap(
     len: usize,
     follow_ups: &mut Vec<FollowUp>,
 ) {
+    // What was at the destination is gone: the kernel unmapped it before
+    // the move. Its UNMAP event came first where that memory was
+    // registered; memory managed there since (a scan that read the maps
+    // before the move, and registered the range once the moved memory was
+    // there, before this event was read) is taken off here, lest two
+    // regions track the same pages.
+    on_unmap(shared, space, to, to + len);
     // A thread waiting on a fault in the old range waits on the old
     // addresses, which no install will wake now: wake it to retry.
     super::swapin::wake_range(space, from, len);

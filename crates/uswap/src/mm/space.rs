@@ -473,6 +473,16 @@ impl Space {
         }
     }
 
+    /// Whether a region still holds a page of `start..end` (one that the
+    /// program has not unmapped or moved away).
+    pub fn tracks_any(&self, start: usize, end: usize) -> bool {
+        self.overlapping(start, end).iter().any(|r| {
+            r.live_ranges()
+                .iter()
+                .any(|&(at, len)| at < end && start < at + len)
+        })
+    }
+
     /// The regions overlapping `start..end`.
     pub fn overlapping(&self, start: usize, end: usize) -> Vec<Arc<RegionInner>> {
         self.regions
