@@ -145,7 +145,8 @@ pub struct RuntimeArgs {
     /// What a folio brought back for a read does with its stored copy: drop
     /// (the default) or keep (its pages write-protected; evicted again
     /// unwritten, it needs no compression). Dropped by default while a
-    /// JVM heap corruption under `uswap run` is open (README, Known issues).
+    /// JVM heap corruption seen under `uswap run` is not shown fixed
+    /// (README, Known issues).
     #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "drop")]
     pub clean_copies: CleanCopies,
 }

@@ -2613,9 +2613,10 @@ impl uswap::mm::memory::DropPages for AgentMoves {
     }
 }
 
-/// Found by a JVM under `uswap run` (its heap corrupt in about one run in
-/// ten: SIGSEGV in the garbage collector, in compiled code, in the JIT
-/// compiler): another process's stored pages leave by a move its agent
+/// Found by reading the agent's path while looking for the cause of a JVM
+/// heap corruption under `uswap run` (README, Known issues; whether this
+/// was its cause is not shown): another process's stored pages leave by a
+/// move its agent
 /// makes after the reclaimer has let its event gate go, and the move took
 /// whatever was registered at the range by then. Meanwhile the program had
 /// moved other memory of its own there (mremap: glibc's realloc of a large

@@ -78,8 +78,8 @@ pub struct RuntimeConfig {
     /// before anything writes to it is a discard, not a compression (the
     /// kernel keeps a swapped-in page's swap slot the same way while swap
     /// is not full). The first write costs a write-protect fault. Off by
-    /// default while a JVM heap corruption under `uswap run`, seen more
-    /// often with it, is open (README, Known issues).
+    /// default while a JVM heap corruption seen under `uswap run`, more
+    /// often with it, is not shown fixed (README, Known issues).
     pub keep_clean_copies: bool,
     /// How long the reclaimer leaves what is still in memory of a folio the
     /// program dropped pages of (a REMOVE event: MADV_DONTNEED or

@@ -1153,8 +1153,8 @@ fn settled_gate<'a>(
 /// the process is unread, so what the check found at the range is still
 /// there when the move takes it. Read, the program's unmap, move or drop
 /// there would return, and the program could move memory of its own
-/// there, which keeps its registration and passes the probe (a JVM's heap
-/// came back with zeros that way), or map new memory there that a scan
+/// there, which keeps its registration and passes the probe (its bytes
+/// then went with the move), or map new memory there that a scan
 /// manages.
 fn move_out(
     shared: &Shared,
