@@ -1766,6 +1766,18 @@ fn a_resident_folio_written_after_madv_free_stays_counted() {
     });
 }
 
+/// A drop of this process's memory in place, as an agent makes it.
+fn drop_here(start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+    // SAFETY: MADV_DONTNEED of the test's own managed memory, asked for by
+    // the runtime that stored it.
+    match unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } {
+        0 => Ok(()),
+        _ => Err(uswap::mm::memory::DropError::Failed(
+            std::io::Error::last_os_error(),
+        )),
+    }
+}
+
 /// This process attached to a new runtime (1 MiB limit, 64 KiB folios)
 /// with a userfaultfd of its own and `dropper`, managing 4 MiB of fresh
 /// memory filled with the pattern: its pages are discarded through the
@@ -1825,11 +1837,7 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
     }
     impl DropPages for Remapper {
         fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
-            // SAFETY: a drop of this process's memory, as an agent makes it.
-            match unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } {
-                0 => Ok(()),
-                _ => Err(DropError::Failed(std::io::Error::last_os_error())),
-            }
+            drop_here(start, len)
         }
         fn move_out(&self, start: usize, len: usize) -> Discarded {
             if self.armed.swap(false, Ordering::AcqRel) {
@@ -2549,13 +2557,7 @@ impl AgentMoves {
 
 impl uswap::mm::memory::DropPages for AgentMoves {
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
-        // SAFETY: a drop of this process's memory, as an agent makes it.
-        match unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } {
-            0 => Ok(()),
-            _ => Err(uswap::mm::memory::DropError::Failed(
-                std::io::Error::last_os_error(),
-            )),
-        }
+        drop_here(start, len)
     }
 
     fn move_out(&self, start: usize, len: usize) -> uswap::mm::memory::Discarded {
@@ -2700,13 +2702,7 @@ struct DropsInPlace;
 
 impl uswap::mm::memory::DropPages for DropsInPlace {
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
-        // SAFETY: a drop of this process's memory, as an agent makes it.
-        match unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } {
-            0 => Ok(()),
-            _ => Err(uswap::mm::memory::DropError::Failed(
-                std::io::Error::last_os_error(),
-            )),
-        }
+        drop_here(start, len)
     }
     fn move_out(&self, _: usize, _: usize) -> uswap::mm::memory::Discarded {
         uswap::mm::memory::Discarded {
