@@ -583,6 +583,60 @@ fn a_program_that_churns_its_memory_layout_reads_back_what_it_wrote() {
     }
 }
 
+/// A program moves and grows (mremap) a managed mapping that does not
+/// start or end on a folio boundary, after its pages went out
+/// (`programs/remap.c`). The kernel refuses (EFAULT) an mremap over a
+/// mapping that is only partly registered with a userfaultfd, which is
+/// what a scan that registered its whole folios alone left.
+#[test]
+fn a_program_that_moves_a_mapping_with_parts_of_folios_at_its_ends_reads_back_what_it_wrote() {
+    let exe = build("remap");
+    for folio in ["64k", "4k"] {
+        let stats = exe.with_extension(format!("stats-{folio}"));
+        let out = run(Command::new(USWAP)
+            .args(["run", "--memory-high", "8M", "--rescan-ms", "5"])
+            .args(["--folio-size", folio, "--stats-file"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe));
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.ends_with("remap ok\n"),
+            "{folio}: {:?}: {stdout}{}",
+            out.status,
+            text(&out.stderr)
+        );
+        let c = counters(&stats);
+        assert!(c["evicted_folios"] > 0, "{folio}: {c:?}");
+    }
+}
+
+/// A program forks children while its memory goes out and exits at once,
+/// leaving them to read their copies (`programs/orphans.c`): every child
+/// reads what its parent wrote, and the run ends. Faults the children took
+/// after the program's exit were handed to filler threads that had ended
+/// with the runtime, and the run waited for ever on folios left loading.
+#[test]
+fn children_that_outlive_the_program_read_their_memory_and_the_run_ends() {
+    let exe = build("orphans");
+    const KIDS: usize = 4;
+    for round in 0..3 {
+        let out = run(Command::new(USWAP)
+            .args(["run", "--memory-high", "8M", "--"])
+            .arg(&exe)
+            .args(["32", &KIDS.to_string()]));
+        let stdout = text(&out.stdout);
+        for k in 0..KIDS {
+            assert!(
+                out.status.success() && stdout.contains(&format!("child {k} ok\n")),
+                "round {round}, child {k}: {:?}: {stdout}{}",
+                out.status,
+                text(&out.stderr)
+            );
+        }
+    }
+}
+
 /// Runs `interpreter` on the script tests/programs/SCRIPT (given as its
 /// last argument, or on its standard input with `stdin`) alone, then under
 /// `uswap run --memory-high LIMIT`, and checks that the output is the same

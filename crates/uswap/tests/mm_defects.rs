@@ -2754,3 +2754,262 @@ fn memory_a_region_moved_onto_is_not_managed_twice() {
         drop(attached);
     });
 }
+
+/// Found by reading while `uswap run` of a program that forks and exits at
+/// once hung (`run_program`, "children that outlive the program"): a
+/// process forked while one of its folios was being evicted, and exited
+/// before the eviction finished. The finish found the process gone and let
+/// the folio go, but never handed it to the forked child, whose copy
+/// waited as INHERITING for ever: the child's faults there were never
+/// served, and a runtime that ended waited on it for ever too.
+///
+/// The process is a forked child of this test, served as an attached
+/// process: it makes a userfaultfd (taken here with pidfd_getfd) and drops
+/// its pages when asked, as an agent does. (Run in a child process of its
+/// own, so that its forks share no page with other tests' runtimes.)
+#[test]
+fn a_child_forked_during_an_eviction_reads_it_after_its_parent_exits() {
+    if is_child_process() {
+        return forked_during_an_eviction_child();
+    }
+    let (code, signal) = in_child_process(
+        "a_child_forked_during_an_eviction_reads_it_after_its_parent_exits",
+        Duration::from_secs(60),
+    );
+    assert_eq!((code, signal), (Some(0), None));
+}
+
+/// Asks of the served process, over a stream socket: `d` drops `start,
+/// len`, `f` forks the checking child, `x` exits. It answers an i64.
+struct Served {
+    sock: i32,
+}
+
+impl Served {
+    fn ask(&self, op: u8, start: usize, len: usize) -> Option<i64> {
+        let mut req = [0u8; 17];
+        req[0] = op;
+        req[1..9].copy_from_slice(&(start as u64).to_ne_bytes());
+        req[9..].copy_from_slice(&(len as u64).to_ne_bytes());
+        let mut answer = [0u8; 8];
+        // SAFETY: whole buffers of ours; MSG_NOSIGNAL: a process gone is an
+        // error here, not a SIGPIPE.
+        let ok = unsafe {
+            libc::send(
+                self.sock,
+                req.as_ptr().cast(),
+                req.len(),
+                libc::MSG_NOSIGNAL,
+            ) == 17
+                && libc::recv(self.sock, answer.as_mut_ptr().cast(), 8, libc::MSG_WAITALL) == 8
+        };
+        ok.then(|| i64::from_ne_bytes(answer))
+    }
+}
+
+impl uswap::mm::memory::DropPages for Served {
+    fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+        match self.ask(b'd', start, len) {
+            Some(0) => Ok(()),
+            _ => Err(uswap::mm::memory::DropError::Gone),
+        }
+    }
+    fn move_out(&self, _: usize, _: usize) -> uswap::mm::memory::Discarded {
+        uswap::mm::memory::Discarded {
+            bytes: 0,
+            again: false,
+            shared: false,
+        }
+    }
+}
+
+/// The served process: answers `Served::ask` on `sock` until told to exit.
+/// Its forked child waits for a byte on `go`, then writes on `result` 0 if
+/// every word of `base..base + len` is right, 1 if not.
+fn serve_asks(sock: i32, base: usize, len: usize, go: i32, result: i32) -> ! {
+    let answer = |v: i64| {
+        // SAFETY: a buffer of ours.
+        unsafe { libc::send(sock, v.to_ne_bytes().as_ptr().cast(), 8, libc::MSG_NOSIGNAL) };
+    };
+    loop {
+        let mut req = [0u8; 17];
+        // SAFETY: a buffer of ours; only system calls from here on (this
+        // is a forked child of a threaded process).
+        if unsafe { libc::recv(sock, req.as_mut_ptr().cast(), 17, libc::MSG_WAITALL) } != 17 {
+            unsafe { libc::_exit(2) };
+        }
+        let start = u64::from_ne_bytes(req[1..9].try_into().unwrap()) as usize;
+        let n = u64::from_ne_bytes(req[9..].try_into().unwrap()) as usize;
+        match req[0] {
+            // SAFETY: our own managed memory, dropped as the runtime asks.
+            b'd' => answer(
+                unsafe { libc::madvise(start as *mut libc::c_void, n, libc::MADV_DONTNEED) }.into(),
+            ),
+            b'f' => {
+                // SAFETY: the child only reads memory and makes system calls.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    let mut b = 0u8;
+                    // SAFETY: buffers of ours; the child's copy of the range.
+                    unsafe {
+                        libc::close(sock);
+                        libc::read(go, (&mut b as *mut u8).cast(), 1);
+                        let right = (base..base + len)
+                            .step_by(8)
+                            .all(|a| std::ptr::read_volatile(a as *const u64) == expect(base, a));
+                        libc::write(result, [u8::from(!right)].as_ptr().cast(), 1);
+                        libc::_exit(0);
+                    }
+                }
+                answer(pid.into());
+            }
+            // SAFETY: leaves without running anything else.
+            _ => unsafe { libc::_exit(0) },
+        }
+    }
+}
+
+fn forked_during_an_eviction_child() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let len = 16 * FOLIO;
+    let base = folio_aligned_mapping(len);
+    for addr in (base..base + len).step_by(8) {
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+    }
+    let (mut socks, mut go, mut result) = ([0; 2], [0; 2], [0; 2]);
+    // SAFETY: new descriptors of ours.
+    unsafe {
+        assert_eq!(
+            libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, socks.as_mut_ptr()),
+            0
+        );
+        assert_eq!(libc::pipe(go.as_mut_ptr()), 0);
+        assert_eq!(libc::pipe(result.as_mut_ptr()), 0);
+    }
+    // SAFETY: the child makes only system calls (see `serve_asks`).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: the test's ends, closed here so that each end sees the
+        // other's go; then a new userfaultfd, whose number the test reads
+        // back.
+        let uffd = unsafe {
+            libc::close(socks[0]);
+            libc::close(go[1]);
+            libc::close(result[0]);
+            libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32
+        };
+        // SAFETY: a buffer of ours.
+        unsafe { libc::send(socks[1], uffd.to_ne_bytes().as_ptr().cast(), 4, 0) };
+        serve_asks(socks[1], base, len, go[0], result[1]);
+    }
+    let sock = socks[0];
+    // SAFETY: the served process's ends, ours closed.
+    unsafe {
+        libc::close(socks[1]);
+        libc::close(go[0]);
+        libc::close(result[1]);
+    }
+    let mut theirs = [0u8; 4];
+    // SAFETY: buffers and descriptors of ours; pidfd_getfd copies the
+    // served process's userfaultfd into this one.
+    let uffd = unsafe {
+        assert_eq!(
+            libc::recv(sock, theirs.as_mut_ptr().cast(), 4, libc::MSG_WAITALL),
+            4
+        );
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0) as i32;
+        assert!(pidfd >= 0, "pidfd_open");
+        let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd, i32::from_ne_bytes(theirs), 0) as i32;
+        assert!(fd >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
+        libc::close(pidfd);
+        OwnedFd::from_raw_fd(fd)
+    };
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: 16 * MIB,
+        folio_size: FOLIO,
+        max_pool_bytes: Some(64 << 20),
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let attached = rt
+        .attach(uffd, pid, None, Box::new(Served { sock }))
+        .unwrap();
+    attached.manage(base, len).unwrap();
+    rt.hold_next_finish();
+    rt.set_memory_high(FOLIO);
+    assert!(rt.wait_finish_held(), "no flush reached its finish");
+    // The process forks while the flush, past its drop, waits to finish,
+    // and exits.
+    let asker = Served { sock };
+    assert!(
+        asker.ask(b'f', 0, 0).is_some_and(|child| child > 0),
+        "the fork"
+    );
+    assert_eq!(asker.ask(b'x', 0, 0), None, "the process exited");
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        eventually(|| rt.stats().children_exited >= 1),
+        "the exit was not seen"
+    );
+    rt.release_finish();
+    let mut right = 9u8;
+    // SAFETY: buffers of ours; lets the forked child check, and reads what
+    // it found.
+    unsafe {
+        libc::write(go[1], [0u8].as_ptr().cast(), 1);
+        assert_eq!(libc::read(result[0], (&mut right as *mut u8).cast(), 1), 1);
+    }
+    assert_eq!(right, 0, "the child read wrong bytes");
+    drop(attached);
+    drop(rt);
+}
+
+/// Found by `churn` under `uswap run` once the ends of a mapping were
+/// registered with its folios: a stored folio the program unmapped in part
+/// and dropped in the rest became untouched, not gone. Touched again, it
+/// was zero-filled whole, over what was mapped in its unmapped part since,
+/// and later evicted whole, taking those pages with it. A folio with a part
+/// unmapped never comes back to life (as a partly unmapped resident folio
+/// leaves the bookkeeping).
+///
+/// Here a region moved whole (mremap) puts its last page, stored, on the
+/// first page of a stored folio of another region; the program drops the
+/// rest of that folio and touches it. The zero fill installed a zero page
+/// where the moved region's page was to come back.
+#[test]
+fn a_folio_unmapped_in_part_and_dropped_in_the_rest_stays_gone() {
+    within(Duration::from_secs(60), || {
+        let (rt, region, base, _) = filled_region(FOLIO, 3, true);
+        let moving = rt.map(FOLIO).unwrap();
+        let from = moving.as_ptr() as usize;
+        fill_with_expect(&moving);
+        // SAFETY: the first folio of our own region, left free for the move.
+        assert_eq!(unsafe { libc::munmap(base as *mut _, FOLIO) }, 0);
+        rt.set_memory_high(FOLIO / 2);
+        assert!(eventually(|| {
+            rt.reclaim_now();
+            rt.is_swapped((base + FOLIO) as *const u8) && rt.is_swapped(from as *const u8)
+        }));
+        rt.set_memory_high(16 * MIB);
+        let folio = base + FOLIO;
+        let to = folio + PAGE - FOLIO;
+        // SAFETY: our own region moved whole onto the free folio and the
+        // first page of the next one.
+        unsafe { move_pages_onto(from, FOLIO, to) };
+        // SAFETY: the rest of that folio, ours.
+        assert_eq!(
+            unsafe { libc::madvise((folio + PAGE) as *mut _, FOLIO - PAGE, libc::MADV_DONTNEED) },
+            0
+        );
+        // SAFETY: a dropped page of our region: it reads as zero.
+        let dropped = unsafe { std::ptr::read_volatile((folio + PAGE) as *const u64) };
+        assert_eq!(dropped, 0, "a dropped page");
+        check_range(to, to, to + FOLIO, "the moved region");
+        check_range(base, folio + FOLIO, base + 3 * FOLIO, "the folio after");
+        drop((moving, region));
+    });
+}

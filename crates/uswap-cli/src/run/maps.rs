@@ -1,6 +1,7 @@
 //! Which memory of a program `uswap run` manages, found in /proc/PID/maps:
 //! private, writable, anonymous mappings (the brk heap, malloc arenas,
-//! plain anonymous mmaps, JIT and GC heaps), trimmed to whole folios. Not
+//! plain anonymous mmaps, JIT and GC heaps), in whole folios with the
+//! parts of folios at their ends (see [`ranges_to_manage`]). Not
 //! file mappings, shared memory, the main stack, the kernel's special
 //! mappings, the agent's own stack and beacon, or the zero-initialised data
 //! (.bss) of shared libraries: the agent thread runs libc code, which reads
@@ -67,8 +68,7 @@ pub fn is_managed_kind(m: &Mapping) -> bool {
 }
 
 /// The ranges of process `pid` to manage and not yet in `managed` (each
-/// `(start, len)`), folio aligned, leaving out the folios that touch any
-/// `(start, end)` of `exclude`.
+/// `(start, len)`; see [`ranges_to_manage`]).
 pub fn unmanaged_ranges(
     pid: i32,
     folio: usize,
@@ -76,9 +76,27 @@ pub fn unmanaged_ranges(
     exclude: &[(usize, usize)],
 ) -> io::Result<Vec<(usize, usize)>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(ranges_to_manage(&maps, folio, managed, exclude))
+}
+
+/// The ranges to manage in `maps` (the text of /proc/PID/maps) and not yet
+/// in `managed`, each `(start, len)`: whole, aligned folios, leaving out
+/// the folios that touch any `(start, end)` of `exclude` or of `managed`.
+/// A range that reaches the first or last whole folio of its mapping takes
+/// the mapping's part of a folio beyond it too (a stray: registered, never
+/// evicted), so that the mapping is registered whole. The kernel refuses
+/// (EFAULT) an mremap over a mapping that is registered only in part, and
+/// glibc's realloc moves large blocks with mremap.
+pub fn ranges_to_manage(
+    maps: &str,
+    folio: usize,
+    managed: &[(usize, usize)],
+    exclude: &[(usize, usize)],
+) -> Vec<(usize, usize)> {
     let mut taken: Vec<(usize, usize)> = managed.iter().map(|&(s, l)| (s, s + l)).collect();
     taken.extend_from_slice(exclude);
     taken.sort_unstable();
+    let free = |lo: usize, hi: usize| taken.iter().all(|&(a, b)| b <= lo || hi <= a);
     let mut out = Vec::new();
     let mut prev: Option<Mapping> = None;
     for m in maps.lines().filter_map(parse_line) {
@@ -87,26 +105,41 @@ pub fn unmanaged_ranges(
         if skip {
             continue;
         }
-        let mut at = m.start.next_multiple_of(folio);
-        let end = m.end / folio * folio;
+        let first = m.start.next_multiple_of(folio);
+        let last = m.end / folio * folio;
+        let mut at = first;
+        let mut ranges = Vec::new();
         for &(lo, hi) in &taken {
-            if at >= end {
+            if at >= last {
                 break;
             }
-            if hi <= at || lo >= end {
+            if hi <= at || lo >= last {
                 continue;
             }
-            let gap_end = (lo / folio * folio).min(end);
+            let gap_end = (lo / folio * folio).min(last);
             if gap_end > at {
-                out.push((at, gap_end - at));
+                ranges.push((at, gap_end));
             }
             at = at.max(hi.next_multiple_of(folio));
         }
-        if end > at {
-            out.push((at, end - at));
+        if last > at {
+            ranges.push((at, last));
         }
+        if let Some(r) = ranges
+            .first_mut()
+            .filter(|r| r.0 == first && free(m.start, first))
+        {
+            r.0 = m.start;
+        }
+        if let Some(r) = ranges
+            .last_mut()
+            .filter(|r| r.1 == last && free(last, m.end))
+        {
+            r.1 = m.end;
+        }
+        out.extend(ranges.into_iter().map(|(s, e)| (s, e - s)));
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -170,6 +203,41 @@ mod tests {
         assert!(
             !is_library_bss(&data, &huge),
             "program memory merged into it"
+        );
+    }
+
+    #[test]
+    fn a_mapping_is_registered_whole_with_the_parts_of_folios_at_its_ends() {
+        const F: usize = 0x10000;
+        let maps = "7f0000001000-7f0000041000 rw-p 00000000 00:00 0 \n\
+                    7f0000100000-7f0000140000 rw-p 00000000 00:00 0 \n\
+                    7f0000201000-7f0000210000 rw-p 00000000 00:00 0 \n";
+        // The first holds three whole folios and a part of one at each
+        // end; the second is aligned; the third holds no whole folio and
+        // is left unregistered (whole, as the kernel then sees it).
+        assert_eq!(
+            ranges_to_manage(maps, F, &[], &[]),
+            vec![(0x7f0000001000, 0x40000), (0x7f0000100000, 0x40000)]
+        );
+        // Already managed in its middle: the gaps each keep their end.
+        let managed = [(0x7f0000020000, F)];
+        assert_eq!(
+            ranges_to_manage(maps, F, &managed, &[]),
+            vec![
+                (0x7f0000001000, 0x1f000),
+                (0x7f0000030000, 0x11000),
+                (0x7f0000100000, 0x40000)
+            ]
+        );
+        // All its whole folios managed: nothing more, its ends included
+        // (they were registered with the folios next to them).
+        let managed = [(0x7f0000010000, 0x30000)];
+        assert_eq!(ranges_to_manage(maps, F, &managed, &[]).len(), 1);
+        // An end that touches excluded memory stays out.
+        let exclude = [(0x7f0000040000, 0x7f0000041000)];
+        assert_eq!(
+            ranges_to_manage(maps, F, &[], &exclude)[0],
+            (0x7f0000001000, 0x3f000)
         );
     }
 }

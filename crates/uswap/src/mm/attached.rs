@@ -169,17 +169,25 @@ impl Attached {
     }
 
     /// Manages `start..start + len` of the process, which must be private
-    /// anonymous memory in whole, aligned folios. Folios with a page in
-    /// memory (or in the kernel's swap) count as resident; the others are
-    /// untouched. A range registered with another userfaultfd (the program
-    /// uses userfaultfd itself) is refused with `EBUSY`.
+    /// anonymous memory, page aligned, holding at least one whole, aligned
+    /// folio. Its whole folios become a region: those with a page in memory
+    /// (or in the kernel's swap) count as resident; the others are
+    /// untouched. The parts of folios at its ends are registered too, as
+    /// strays (`Space::strays`: never evicted; a page missing there reads
+    /// as zero), so that a mapping the caller passes whole stays one
+    /// registered mapping to the kernel, which refuses an mremap over a
+    /// mapping registered in part. A range registered with another
+    /// userfaultfd (the program uses userfaultfd itself) is refused with
+    /// `EBUSY`.
     pub fn manage(&self, start: usize, len: usize) -> io::Result<()> {
         let shared = &self.shared;
         let fs = shared.config.folio_size;
-        if !start.is_multiple_of(fs) || !len.is_multiple_of(fs) || len == 0 {
+        let end = start + len;
+        let (first, last) = (start.next_multiple_of(fs), end / fs * fs);
+        if !start.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) || first >= last {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "manage: the range must be whole, aligned folios",
+                "manage: the range must be whole pages holding a whole, aligned folio",
             ));
         }
         // Under the gate: no event is applied between the registration and
@@ -211,12 +219,29 @@ impl Attached {
         })?;
         let memory = self.space.memory.get().expect("attached memory");
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
-        let region = Arc::new(RegionInner::new(id, start, len, fs, UNTOUCHED, false));
+        let region = Arc::new(RegionInner::new(
+            id,
+            first,
+            last - first,
+            fs,
+            UNTOUCHED,
+            false,
+        ));
         for (i, f) in region.folios.iter().enumerate() {
-            if !memory.present_pages(start + i * fs, fs).is_empty() {
+            if !memory.present_pages(first + i * fs, fs).is_empty() {
                 f.set(RESIDENT);
             }
         }
+        // Strays the region now covers (an earlier mapping's end, since
+        // merged with this one by the kernel) are the region's.
+        self.space.forget_strays(first, last);
+        let mut strays = self.space.strays.lock().expect("strays lock");
+        strays.extend(
+            [(start, first), (last, end)]
+                .into_iter()
+                .filter(|(a, b)| a < b),
+        );
+        drop(strays);
         self.space
             .regions
             .write()

@@ -131,13 +131,8 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
                 let x = space.extras_of(&region, i, f.load());
                 if x.holes().covers(pages) {
-                    let after = if x.unmapped.covers(pages) {
-                        GONE
-                    } else {
-                        UNTOUCHED
-                    };
                     space.take_extras(&region, i);
-                    f.set(after);
+                    f.set(x.all_holes_state());
                     shared.store.invalidate(region.slots_of(w));
                 }
             }
@@ -429,11 +424,7 @@ pub(crate) fn resolve_inheritors(
                     || (extras.holes().covers(pages) && extras.moved.is_empty()) =>
             {
                 child.take_extras(&heir.region, i);
-                if extras.unmapped.covers(pages) {
-                    GONE
-                } else {
-                    UNTOUCHED
-                }
+                extras.all_holes_state()
             }
             Outcome::Swapped(word) => {
                 assert!(

@@ -406,6 +406,7 @@ impl Server for EventThread<'_> {
         min > 0
             && pages >= min
             && shared.filler_jobs.load(Ordering::Acquire) < shared.config.fillers.max(1)
+            && !shared.shutdown.load(Ordering::Acquire)
     }
 
     fn enter<'s>(&self, shared: &'s Shared) -> Option<Pass<'s>> {
@@ -531,6 +532,7 @@ impl EventThread<'_> {
     fn finish(&mut self) {
         loop {
             if self.shared.helpers_ended.load(Ordering::Acquire) {
+                self.take_back_filler_jobs();
                 if let Some(_no_fork) = super::fork::quiet() {
                     while self.give_served_spaces_their_memory() {
                         self.turn();
@@ -540,6 +542,35 @@ impl EventThread<'_> {
                 }
             }
             self.turn();
+        }
+    }
+
+    /// Serves here what was handed to the fillers after they had ended
+    /// (the runtime's end is seen by the fillers and this thread at
+    /// different times): a folio taken for loading would wait for ever, and
+    /// with it the children and attached processes that outlive the
+    /// runtime's user. Nothing is handed on once the fillers have ended
+    /// (`hands_off`, and no fault waits for room at the end).
+    fn take_back_filler_jobs(&mut self) {
+        let shared = self.shared;
+        let jobs = std::mem::take(&mut *shared.faults.0.lock().expect("fault queue lock"));
+        for job in jobs {
+            match job {
+                FillerJob::MustWait(fault) => {
+                    shared.waiting_for_room.fetch_sub(1, Ordering::AcqRel);
+                    self.backlog.push_back(fault);
+                }
+                FillerJob::SwapIn {
+                    fault,
+                    region,
+                    folio,
+                } => {
+                    self.hold_pass();
+                    bring_in(shared, &fault, &region, folio, self);
+                    self.pass = None;
+                }
+            }
+            shared.filler_jobs.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -816,8 +847,9 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
         match folio::state(w) {
             UNTOUCHED | SWAPPED => {
                 if own && !room && !by_reclaimer {
-                    let behind =
-                        !server.may_wait() && shared.waiting_for_room.load(Ordering::Acquire) > 0;
+                    let behind = !server.may_wait()
+                        && shared.waiting_for_room.load(Ordering::Acquire) > 0
+                        && !shared.shutdown.load(Ordering::Acquire);
                     if behind || must_throttle(shared, region.folio_size) {
                         return if server.may_wait() {
                             Step::WaitForRoom(region.folio_size)

@@ -47,7 +47,7 @@
 //! (`reclaim_stuck`) and it retries after a growing pause. A plug refused
 //! only for its own contents is no reason to pause: the next may compress.
 
-use super::events::{self, Outcome};
+use super::events::{self, FollowUp, Outcome};
 use super::folio::{
     self, ACTIVE, CLEAN, DROPPED, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNFIT,
     UNTOUCHED,
@@ -937,13 +937,22 @@ fn finish_folio(
     let (gate, _) = settled_gate(shared, space, region.folio_addr(i), fs);
     if !space.alive.load(Ordering::Acquire) {
         // The process is gone (`events::release_space` left this folio to
-        // us): nothing to keep.
+        // us): nothing to keep for it. Children it forked meanwhile still
+        // wait for the folio (INHERITING): they share what was stored, or
+        // keep the pages they have if nothing was.
+        let outcome = match &result {
+            Ok(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
+            Err(_) => Outcome::Resident,
+        };
+        events::resolve_inheritors(shared, space.id, region.id, i, outcome, &mut follow_ups);
         if let Ok(range) = result {
             shared.store.invalidate(range);
         }
         f.set(GONE);
         space.take_extras(region, i);
         shared.resident.fetch_sub(fs, Ordering::AcqRel);
+        drop(gate);
+        serve_follow_ups(shared, follow_ups);
         return false;
     }
     // Read, not taken: a fault where moved pages now live looks for them
@@ -1012,11 +1021,7 @@ fn finish_folio(
                 bring_back = true;
             } else if extras.holes().covers(pages) && extras.moved.is_empty() {
                 space.take_extras(region, i);
-                f.set(if extras.unmapped.covers(pages) {
-                    GONE
-                } else {
-                    UNTOUCHED
-                });
+                f.set(extras.all_holes_state());
                 shared.store.invalidate(range);
             } else if !extras.moved.is_empty() {
                 // Pages moved away meanwhile: put them where they live now
@@ -1104,9 +1109,7 @@ fn finish_folio(
             }
         }
     }
-    for fu in follow_ups {
-        swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker, false);
-    }
+    serve_follow_ups(shared, follow_ups);
     stored.is_some()
 }
 
@@ -1210,6 +1213,14 @@ fn copy_out(memory: &Memory, folios: &[(usize, usize)], staging: &mut [u8]) -> b
         }
     }
     done == total
+}
+
+/// Installs what forked children took over from a finished eviction
+/// (pages a move carried elsewhere), off the gate.
+fn serve_follow_ups(shared: &Shared, follow_ups: Vec<FollowUp>) {
+    for fu in follow_ups {
+        swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, &mut Worker, false);
+    }
 }
 
 /// On shutdown: leave plugged folios resident (they are not protected

@@ -202,6 +202,21 @@ impl Extras {
         h
     }
 
+    /// The state of a folio none of whose pages is to be installed at its
+    /// own address (all holes, none moved): GONE if the program unmapped any
+    /// part of it, UNTOUCHED if it only dropped them. A folio with a part
+    /// unmapped never comes back to life: other memory, which the region no
+    /// longer holds, may be mapped there since, and a folio zero-filled and
+    /// evicted whole would take its pages (as a partly unmapped resident
+    /// folio leaves the bookkeeping).
+    pub fn all_holes_state(&self) -> u64 {
+        if self.unmapped.is_empty() {
+            super::folio::UNTOUCHED
+        } else {
+            super::folio::GONE
+        }
+    }
+
     /// Where the moved pages live now: (address, length) of each run.
     pub fn moved_ranges(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.moved
@@ -300,11 +315,13 @@ pub(crate) struct Space {
     pub extras: Mutex<HashMap<(u32, usize), Extras>>,
     /// False once the address space has exited or exec'd.
     pub alive: AtomicBool,
-    /// Registered memory outside every region: what moves carried out of
-    /// regions, as `start..end` ranges, forgotten when unmapped. A runtime
-    /// that ends unregisters them: its descriptor may live on in a forked
-    /// child, and a fork of this process would wait for ever on a FORK event
-    /// of a descriptor nobody reads.
+    /// Registered memory outside every region, as `start..end` ranges,
+    /// forgotten when unmapped: what moves carried out of regions, and the
+    /// parts of folios at the ends of the ranges an attached process's
+    /// supervisor manages (`Attached::manage`). A runtime that ends
+    /// unregisters its own: its descriptor may live on in a forked child,
+    /// and a fork of this process would wait for ever on a FORK event of a
+    /// descriptor nobody reads.
     pub strays: Mutex<Vec<(usize, usize)>>,
     /// Regions whose range is all gone, kept while a folio of theirs was
     /// busy (see [`Space::forget_regions_gone`]).

@@ -1,0 +1,123 @@
+/* A program that moves and grows a mapping whose ends are not on a 64 KiB
+ * boundary, as glibc's realloc moves a large block, once the supervisor
+ * manages it and after its pages were pushed out: run under `uswap run`,
+ * it must end with "remap ok" and read back every byte it wrote.
+ *
+ * The mapping starts 4 KiB past a 64 KiB boundary and ends 4 KiB past
+ * another, so that with 64 KiB folios it holds whole folios and a part of
+ * one at each end. It waits until the kernel shows it registered with a
+ * userfaultfd (VmFlags "um" in /proc/self/smaps), fills BALLAST MiB more
+ * to push it out, then moves it elsewhere (mremap MREMAP_FIXED) and grows
+ * it in place or by a move (MREMAP_MAYMOVE), checking every word after
+ * each step.
+ *
+ *   remap [BALLAST_MIB]
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define K 1024UL
+#define ALIGN (64 * K)
+#define LEN (1024 * K)
+
+/* Each page's words say which page it is and which fill wrote it: they
+ * compress (so the pages do go out), and a page read from anywhere else,
+ * or as zeros, is told apart. */
+static uint64_t word(size_t i, uint64_t salt) {
+    return (uint64_t)(i / 512) << 16 | salt << 8 | 0x5a;
+}
+
+static void fill(uint64_t *w, size_t words, uint64_t salt) {
+    for (size_t i = 0; i < words; i++) w[i] = word(i, salt);
+}
+
+static int check(const uint64_t *w, size_t words, uint64_t salt, const char *when) {
+    for (size_t i = 0; i < words; i++) {
+        uint64_t want = word(i, salt);
+        if (w[i] != want) {
+            printf("BAD %s: word %zu of %zu is %#llx, not %#llx\n", when, i, words,
+                   (unsigned long long)w[i], (unsigned long long)want);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether any part of start..end shows as registered for missing faults. */
+static int registered(uintptr_t start, uintptr_t end) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) { perror("remap: /proc/self/smaps"); exit(2); }
+    char line[512];
+    uintptr_t lo = 0, hi = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) {
+            lo = a;
+            hi = b;
+        } else if (!strncmp(line, "VmFlags:", 8) && lo < end && start < hi) {
+            found = strstr(line, " um") != NULL;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* A free range of `len` bytes whose start is `offset` past a 64 KiB
+ * boundary (reserved as PROT_NONE; mapped over with MAP_FIXED). */
+static char *reserve(size_t len, size_t offset) {
+    char *r = mmap(NULL, len + 2 * ALIGN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) { perror("remap: mmap"); exit(2); }
+    uintptr_t at = ((uintptr_t)r + ALIGN - 1) / ALIGN * ALIGN + offset;
+    return (char *)at;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    size_t ballast = (argc > 1 ? strtoul(argv[1], NULL, 0) : 32) << 20;
+    size_t len = LEN;
+    size_t words = len / 8;
+    char *at = reserve(len, 4 * K);
+    uint64_t *m = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (m == MAP_FAILED) { perror("remap: mmap"); exit(2); }
+    fill(m, words, 1);
+    /* Wait for the supervisor's scan to manage it. */
+    struct timespec tick = {0, 10 * 1000 * 1000};
+    int waited = 0;
+    while (!registered((uintptr_t)m, (uintptr_t)m + len)) {
+        if (++waited > 3000) { printf("never managed\n"); return 3; }
+        nanosleep(&tick, NULL);
+    }
+    /* Push it out. */
+    char *b = malloc(ballast);
+    if (!b) { perror("remap: malloc"); exit(2); }
+    memset(b, 0x5a, ballast);
+    if (check(m, words, 1, "before the moves")) return 1;
+
+    /* Moved whole to another address, also 4 KiB past a boundary. */
+    char *to = reserve(len, 4 * K);
+    m = mremap(m, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+    if (m == MAP_FAILED) { perror("remap: mremap (move)"); return 2; }
+    if (check(m, words, 1, "after a move")) return 1;
+
+    /* Pushed out again, then grown by half (in place or by a move, as the
+     * kernel finds room). */
+    memset(b, 0xa5, ballast);
+    m = mremap(m, len, len + len / 2, MREMAP_MAYMOVE);
+    if (m == MAP_FAILED) { perror("remap: mremap (grow)"); return 2; }
+    if (check(m, words, 1, "after growing")) return 1;
+    for (size_t i = words; i < words + words / 2; i++) {
+        if (m[i] != 0) { printf("BAD after growing: new word %zu is %#llx\n", i, (unsigned long long)m[i]); return 1; }
+    }
+    fill(m, words + words / 2, 2);
+    memset(b, 0x3c, ballast);
+    if (check(m, words + words / 2, 2, "at the end")) return 1;
+    printf("remap ok\n");
+    return 0;
+}
