@@ -3013,3 +3013,54 @@ fn a_folio_unmapped_in_part_and_dropped_in_the_rest_stays_gone() {
         drop((moving, region));
     });
 }
+
+/// A mapping moved whole (mremap, as glibc's realloc moves a large block)
+/// takes its region along. Once the parts of folios at a mapping's ends
+/// were registered with it (strays), such a move no longer began and ended
+/// on the region's own bounds: it was taken for a move that cuts through
+/// the region, whose folios then all left the bookkeeping once back in, and
+/// the moved memory was never evicted again.
+#[test]
+fn a_mapping_moved_whole_takes_its_region_along() {
+    within(Duration::from_secs(60), || {
+        let (rt, attached, base, len) = attached_self(Box::new(DropsInPlace));
+        let folios = 32;
+        let reserved = folio_aligned_mapping((folios + 2) * FOLIO);
+        let mapping = reserved + 3 * PAGE;
+        let mlen = folios * FOLIO + 2 * PAGE;
+        // SAFETY: the reservation's pages around the mapping, ours.
+        unsafe {
+            assert_eq!(libc::munmap(reserved as *mut _, 3 * PAGE), 0);
+            let end = mapping + mlen;
+            assert_eq!(
+                libc::munmap(end as *mut _, reserved + (folios + 2) * FOLIO - end),
+                0
+            );
+        }
+        for addr in (mapping..mapping + mlen).step_by(8) {
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(mapping, addr)) };
+        }
+        attached.manage(mapping, mlen).unwrap();
+        rt.set_memory_high(FOLIO);
+        evict_to_limit(&rt);
+        rt.set_memory_high(16 * MIB);
+        let to = folio_aligned_mapping((folios + 2) * FOLIO) + 5 * PAGE;
+        // SAFETY: the mapping, moved whole onto a reservation of ours.
+        unsafe { move_pages_onto(mapping, mlen, to) };
+        check_range(to, to, to + mlen, "the moved mapping");
+        // Back in whole; pushed out again, it goes out again.
+        let out = rt.stats().store.zswpout;
+        rt.set_memory_high(FOLIO);
+        evict_to_limit(&rt);
+        let again = rt.stats().store.zswpout - out;
+        assert!(
+            again >= (folios as u64 - 2) * 16,
+            "{again} pages of the moved mapping went out again, of {}",
+            (folios - 1) * 16
+        );
+        check_range(to, to, to + mlen, "the moved mapping, out again");
+        check_range(base, base, base + len, "the first region");
+        drop(attached);
+    });
+}

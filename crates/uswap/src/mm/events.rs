@@ -214,9 +214,10 @@ fn uncount_resident(shared: &Shared, space: &Space, region: &RegionInner) {
     }
 }
 
-/// The program moved `len` bytes from `from` to `to` (mremap). A whole
-/// region moves with its folios; folios a move cuts through leave the
-/// bookkeeping once their pages are where they now belong.
+/// The program moved `len` bytes from `from` to `to` (mremap). A region
+/// the move carries whole moves with its folios; folios a move cuts
+/// through leave the bookkeeping once their pages are where they now
+/// belong.
 pub(crate) fn on_remap(
     shared: &Shared,
     space: &Arc<Space>,
@@ -237,25 +238,36 @@ pub(crate) fn on_remap(
     super::swapin::wake_range(space, from, len);
     space.event_at_destinations(from, from + len, AtDestination::MovedTo(to));
     space.forget_strays(from, from + len);
+    // A region inside the moved range goes with it whole, with its folios
+    // (a mapping moved whole takes the parts of folios at its ends along,
+    // registered as strays: see `Attached::manage`). The kernel never moves
+    // a range onto itself, so a region carried to `to..` is found in
+    // `from..` no more.
+    let mut carried = Vec::new();
     for region in space.overlapping(from, from + len) {
         region.moves.fetch_add(1, Ordering::AcqRel);
-    }
-    if let Some((region, _)) = space.lookup(from) {
-        if from == region.base() && len == region.len {
-            region.base.store(to, Ordering::Release);
+        let base = region.base();
+        if from <= base && base + region.len <= from + len {
+            let at = to + (base - from);
+            region.base.store(at, Ordering::Release);
             for i in 0..region.folios.len() {
                 shared.unpark(space.id, &region, i);
             }
-            return;
+            carried.push((at, at + region.len));
         }
     }
-    // What moved is registered memory no region covers (the event comes
-    // only for registered memory).
-    space
-        .strays
-        .lock()
-        .expect("strays lock")
-        .push((to, to + len));
+    // The rest of what moved is registered memory no region covers (the
+    // event comes only for registered memory).
+    carried.sort_unstable();
+    let mut strays = space.strays.lock().expect("strays lock");
+    let mut at = to;
+    for (lo, hi) in carried.into_iter().chain([(to + len, to + len)]) {
+        if lo > at {
+            strays.push((at, lo));
+        }
+        at = at.max(hi);
+    }
+    drop(strays);
     for (region, i) in folios_in(space, from, from + len) {
         let (lo, hi) = covered(&region, i, from, from + len);
         let dest = to + (region.folio_addr(i) + lo * PAGE_SIZE - from);
