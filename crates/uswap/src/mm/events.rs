@@ -238,16 +238,19 @@ pub(crate) fn on_remap(
     super::swapin::wake_range(space, from, len);
     space.event_at_destinations(from, from + len, AtDestination::MovedTo(to));
     space.forget_strays(from, from + len);
-    // A region inside the moved range goes with it whole, with its folios
-    // (a mapping moved whole takes the parts of folios at its ends along,
-    // registered as strays: see `Attached::manage`). The kernel never moves
-    // a range onto itself, so a region carried to `to..` is found in
-    // `from..` no more.
+    // A region moved exactly goes with it whole, with its folios; so does
+    // a region of another process inside the moved range (a mapping moved
+    // whole takes the parts of folios at its ends along, registered as
+    // strays: see `Attached::manage`). A region the runtime mapped keeps
+    // to its handle's range, which drops what is still there: moved with
+    // other memory, it is cut. The kernel never moves a range onto itself,
+    // so a region carried to `to..` is found in `from..` no more.
     let mut carried = Vec::new();
     for region in space.overlapping(from, from + len) {
         region.moves.fetch_add(1, Ordering::AcqRel);
         let base = region.base();
-        if from <= base && base + region.len <= from + len {
+        let exact = from == base && len == region.len;
+        if exact || (!region.owned && from <= base && base + region.len <= from + len) {
             let at = to + (base - from);
             region.base.store(at, Ordering::Release);
             for i in 0..region.folios.len() {
