@@ -52,8 +52,9 @@ pub(crate) struct FollowUp {
 pub(crate) struct Inheritor {
     /// The parent: (space id, region id, folio).
     pub from: (u32, u32, usize),
-    /// The child.
+    /// The child, and its id (for its own heirs once it is gone).
     pub space: Weak<Space>,
+    pub space_id: u32,
     /// The child's region.
     pub region: Arc<RegionInner>,
 }
@@ -369,6 +370,7 @@ pub(crate) fn on_fork(
                         .push(Inheritor {
                             from: (parent.id, r.id, i),
                             space: Arc::downgrade(&space),
+                            space_id: space.id,
                             region: copy.clone(),
                         });
                     INHERITING
@@ -415,7 +417,26 @@ pub(crate) fn resolve_inheritors(
         mine
     };
     for heir in heirs {
-        let Some(child) = heir.space.upgrade() else {
+        // A child gone (exited or exec'd: `release_space` let its copy go)
+        // takes nothing and is counted for nothing; what it forked
+        // meanwhile takes over what it would have taken. (Settled as the
+        // child's own, a resident folio of a process gone stayed counted
+        // for good, and a grandchild took a gone copy's UNTOUCHED for
+        // resident and read zeros; a child whose space was dropped left
+        // its heirs waiting for ever.)
+        let child = heir
+            .space
+            .upgrade()
+            .filter(|c| c.alive.load(Ordering::Acquire));
+        let Some(child) = child else {
+            resolve_inheritors(
+                shared,
+                heir.space_id,
+                heir.region.id,
+                i,
+                outcome,
+                follow_ups,
+            );
             continue;
         };
         let f = &heir.region.folios[i];
@@ -430,14 +451,11 @@ pub(crate) fn resolve_inheritors(
                     shared.dropped_meanwhile(&extras, RESIDENT)
                 }
             }
-            // Nothing to install anywhere: the child is gone, or every page
-            // is a hole and none moved (moved pages count as holes at the
-            // folio's own address, but live on where they went, as in the
-            // owner's `finish_folio`).
-            Outcome::Swapped(_)
-                if !child.alive.load(Ordering::Acquire)
-                    || (extras.holes().covers(pages) && extras.moved.is_empty()) =>
-            {
+            // Nothing to install anywhere: every page is a hole and none
+            // moved (moved pages count as holes at the folio's own address,
+            // but live on where they went, as in the owner's
+            // `finish_folio`).
+            Outcome::Swapped(_) if extras.holes().covers(pages) && extras.moved.is_empty() => {
                 child.take_extras(&heir.region, i);
                 extras.all_holes_state()
             }

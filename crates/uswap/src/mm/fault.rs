@@ -558,7 +558,12 @@ impl EventThread<'_> {
             match job {
                 FillerJob::MustWait(fault) => {
                     shared.waiting_for_room.fetch_sub(1, Ordering::AcqRel);
-                    self.backlog.push_back(fault);
+                    self.hold_pass();
+                    // No fault waits for room at the end: served here.
+                    if !handle_fault(shared, &fault, self) {
+                        self.backlog.push_back(fault);
+                    }
+                    self.pass = None;
                 }
                 FillerJob::SwapIn {
                     fault,
