@@ -3071,56 +3071,67 @@ fn a_mapping_moved_whole_takes_its_region_along() {
 /// resident folio of a gone process stayed counted, for good) or, its
 /// space dropped, passed over it, and the grandchild's copy waited for ever
 /// (or took the gone copy's state and read zeros). A gone child now
-/// passes what it would have taken on to what it forked.
+/// passes what it would have taken on to what it forked. (Run in a child
+/// process of its own: a fork here waits for every runtime of the process
+/// to read its event, and another test may hold its event thread.)
 #[test]
 fn a_grandchild_forked_during_an_eviction_reads_it_after_its_parent_exits() {
-    within(Duration::from_secs(60), || {
-        let (rt, region, base, len) = filled_region(FOLIO, 4, true);
-        let (mut go, mut result) = ([0; 2], [0; 2]);
-        // SAFETY: new pipes of ours.
+    if is_child_process() {
+        return grandchild_forked_during_an_eviction_child();
+    }
+    let (code, signal) = in_child_process(
+        "a_grandchild_forked_during_an_eviction_reads_it_after_its_parent_exits",
+        Duration::from_secs(60),
+    );
+    assert_eq!((code, signal), (Some(0), None));
+}
+
+fn grandchild_forked_during_an_eviction_child() {
+    let (rt, region, base, len) = filled_region(FOLIO, 4, true);
+    let (mut go, mut result) = ([0; 2], [0; 2]);
+    // SAFETY: new pipes of ours.
+    unsafe {
+        assert_eq!(libc::pipe(go.as_mut_ptr()), 0);
+        assert_eq!(libc::pipe(result.as_mut_ptr()), 0);
+    }
+    rt.hold_next_finish();
+    rt.set_memory_high(FOLIO);
+    assert!(rt.wait_finish_held(), "no flush reached its finish");
+    // SAFETY: the child forks and exits; the grandchild only reads
+    // memory and makes system calls, then leaves with _exit.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        // SAFETY: as above.
         unsafe {
-            assert_eq!(libc::pipe(go.as_mut_ptr()), 0);
-            assert_eq!(libc::pipe(result.as_mut_ptr()), 0);
-        }
-        rt.hold_next_finish();
-        rt.set_memory_high(FOLIO);
-        assert!(rt.wait_finish_held(), "no flush reached its finish");
-        // SAFETY: the child forks and exits; the grandchild only reads
-        // memory and makes system calls, then leaves with _exit.
-        let child = unsafe { libc::fork() };
-        assert!(child >= 0);
-        if child == 0 {
-            // SAFETY: as above.
-            unsafe {
-                if libc::fork() == 0 {
-                    let mut b = 0u8;
-                    libc::read(go[0], (&mut b as *mut u8).cast(), 1);
-                    let right = (base..base + len)
-                        .step_by(8)
-                        .all(|a| std::ptr::read_volatile(a as *const u64) == expect(base, a));
-                    libc::write(result[1], [u8::from(!right)].as_ptr().cast(), 1);
-                }
-                libc::_exit(0);
+            if libc::fork() == 0 {
+                let mut b = 0u8;
+                libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+                let right = (base..base + len)
+                    .step_by(8)
+                    .all(|a| std::ptr::read_volatile(a as *const u64) == expect(base, a));
+                libc::write(result[1], [u8::from(!right)].as_ptr().cast(), 1);
             }
+            libc::_exit(0);
         }
-        let mut status = 0;
-        // SAFETY: waiting for our own child, which exits at once.
-        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
-        assert!(
-            eventually(|| rt.stats().children_exited >= 1),
-            "the child's exit was not seen"
-        );
-        rt.release_finish();
-        rt.set_memory_high(16 * MIB);
-        let mut wrong = 9u8;
-        // SAFETY: buffers of ours: lets the grandchild check, and reads
-        // what it found.
-        unsafe {
-            libc::write(go[1], [0u8].as_ptr().cast(), 1);
-            assert_eq!(libc::read(result[0], (&mut wrong as *mut u8).cast(), 1), 1);
-        }
-        assert_eq!(wrong, 0, "the grandchild read wrong bytes");
-        check_range(base, base, base + len, "the parent's region");
-        drop(region);
-    });
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child, which exits at once.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(
+        eventually(|| rt.stats().children_exited >= 1),
+        "the child's exit was not seen"
+    );
+    rt.release_finish();
+    rt.set_memory_high(16 * MIB);
+    let mut wrong = 9u8;
+    // SAFETY: buffers of ours: lets the grandchild check, and reads
+    // what it found.
+    unsafe {
+        libc::write(go[1], [0u8].as_ptr().cast(), 1);
+        assert_eq!(libc::read(result[0], (&mut wrong as *mut u8).cast(), 1), 1);
+    }
+    assert_eq!(wrong, 0, "the grandchild read wrong bytes");
+    check_range(base, base, base + len, "the parent's region");
+    drop(region);
 }
