@@ -109,6 +109,33 @@ pub fn in_child_process(name: &str, limit: Duration) -> (Option<i32>, Option<i32
     }
 }
 
+/// Runs `body` as the test `name` in a process of its own (see
+/// [`in_child_process`]), away from the other tests, which share one
+/// address space:
+///
+/// - a test that forks: every other test's runtime would get the fork's
+///   event and copy its memory into the child, and the fork would wait in
+///   the kernel, holding glibc's malloc locks, for a runtime whose event
+///   thread another test holds (fault injection) while that test waits for
+///   malloc;
+/// - a test that unmaps memory and maps new memory at the same address:
+///   a thread another test starts meanwhile may get its signal stack mapped
+///   in the hole.
+///
+/// Fails if the body fails or runs past `limit`.
+pub fn in_own_process(name: &str, limit: Duration, body: impl FnOnce()) {
+    if is_child_process() {
+        body();
+        return;
+    }
+    let (code, signal) = in_child_process(name, limit);
+    assert_eq!(
+        (code, signal),
+        (Some(0), None),
+        "{name}, in its own process"
+    );
+}
+
 /// Whether this process is the child of [`in_child_process`].
 pub fn is_child_process() -> bool {
     std::env::var("USWAP_TEST_CHILD").is_ok()
