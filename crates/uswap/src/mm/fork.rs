@@ -10,7 +10,9 @@
 //! - prepare: take the event gate's write side (no runtime thread is then
 //!   inside a section the event thread would wait for) and raise
 //!   `fork_pending`; the event thread then reads, without the gate and
-//!   without allocating, until it has the fork event (see `fault.rs`);
+//!   without allocating, until it has the fork event (see `fault.rs`).
+//!   The list of runtimes stays locked until the fork has returned, so a
+//!   runtime cannot start meanwhile unprepared;
 //! - parent: lower `fork_pending` and give the gate back; the event thread
 //!   applies what it read;
 //! - child: the child is a copy with none of the runtime's threads: its
@@ -37,6 +39,16 @@ static RUNTIMES: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// guard comes first so that it is dropped before the runtime it borrows.
 type Held = (RwLockWriteGuard<'static, ()>, Arc<Shared>);
 
+/// What a fork's prepare handler holds until its parent or child handler:
+/// the one-fork lock, the list of runtimes (so that no runtime starts, and
+/// registers memory the fork would wait on, without being prepared), and
+/// the runtimes it prepared.
+type Prepared = (
+    MutexGuard<'static, ()>,
+    MutexGuard<'static, Vec<Weak<Shared>>>,
+    Vec<Held>,
+);
+
 /// One fork through these handlers at a time: two threads forking at once
 /// would otherwise take the runtimes' gates in each other's way.
 static ONE_FORK: Mutex<()> = Mutex::new(());
@@ -44,7 +56,7 @@ static ONE_FORK: Mutex<()> = Mutex::new(());
 thread_local! {
     /// Per forking thread: the handlers of one fork run on the thread that
     /// calls it, and a lock guard must be released where it was taken.
-    static PREPARED: RefCell<Option<(MutexGuard<'static, ()>, Vec<Held>)>> = const { RefCell::new(None) };
+    static PREPARED: RefCell<Option<Prepared>> = const { RefCell::new(None) };
 }
 
 static HANDLERS: Once = Once::new();
@@ -74,12 +86,11 @@ pub(crate) fn quiet() -> Option<MutexGuard<'static, ()>> {
 
 extern "C" fn prepare() {
     let one = ONE_FORK.lock().expect("fork lock");
-    let runtimes: Vec<Arc<Shared>> = RUNTIMES
-        .lock()
-        .expect("runtimes lock")
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect();
+    // Held until the fork has returned: a runtime started after this look
+    // and before the system call would have memory registered that the
+    // kernel waits on, and an event thread free to need malloc meanwhile.
+    let all = RUNTIMES.lock().expect("runtimes lock");
+    let runtimes: Vec<Arc<Shared>> = all.iter().filter_map(Weak::upgrade).collect();
     let mut prepared = Vec::with_capacity(runtimes.len());
     for shared in runtimes {
         if shared.forked_copy.load(Ordering::Acquire) {
@@ -92,17 +103,18 @@ extern "C" fn prepare() {
         shared.fork_pending.store(true, Ordering::SeqCst);
         prepared.push((guard, shared));
     }
-    PREPARED.with(|p| *p.borrow_mut() = Some((one, prepared)));
+    PREPARED.with(|p| *p.borrow_mut() = Some((one, all, prepared)));
 }
 
 extern "C" fn parent() {
-    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
+    let Some((one, all, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
         return;
     };
     for (guard, shared) in prepared {
         shared.fork_pending.store(false, Ordering::SeqCst);
         drop(guard);
     }
+    drop(all);
     drop(one);
 }
 
@@ -110,7 +122,7 @@ extern "C" fn child() {
     // The child's copies of the runtimes only need to know they are copies;
     // their locks are released (by this same thread) so that the child may
     // fork in turn.
-    let Some((one, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
+    let Some((one, all, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
         return;
     };
     // SAFETY: opening /dev/null; checked below.
@@ -146,5 +158,6 @@ extern "C" fn child() {
         // SAFETY: our own descriptor.
         unsafe { libc::close(null) };
     }
+    drop(all);
     drop(one);
 }
