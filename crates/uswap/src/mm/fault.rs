@@ -551,32 +551,35 @@ impl EventThread<'_> {
     /// with it the children and attached processes that outlive the
     /// runtime's user. Nothing is handed on once the fillers have ended
     /// (`hands_off`, and no fault waits for room at the end).
+    ///
+    /// Under the pass throughout, as everything this thread frees: a job
+    /// may hold the last reference to a space or region, and a free while
+    /// the program forks would wait for glibc's malloc locks, which the
+    /// fork holds until this thread has read its event (a hang the model
+    /// soak found: an ending runtime's event thread stuck in the drop of a
+    /// forked child's space).
     fn take_back_filler_jobs(&mut self) {
         let shared = self.shared;
+        self.hold_pass();
         let jobs = std::mem::take(&mut *shared.faults.0.lock().expect("fault queue lock"));
         for job in jobs {
             match job {
                 FillerJob::MustWait(fault) => {
                     shared.waiting_for_room.fetch_sub(1, Ordering::AcqRel);
-                    self.hold_pass();
                     // No fault waits for room at the end: served here.
                     if !handle_fault(shared, &fault, self) {
                         self.backlog.push_back(fault);
                     }
-                    self.pass = None;
                 }
                 FillerJob::SwapIn {
                     fault,
                     region,
                     folio,
-                } => {
-                    self.hold_pass();
-                    bring_in(shared, &fault, &region, folio, self);
-                    self.pass = None;
-                }
+                } => bring_in(shared, &fault, &region, folio, self),
             }
             shared.filler_jobs.fetch_sub(1, Ordering::AcqRel);
         }
+        self.pass = None;
     }
 
     /// Swaps in every folio that forked children and attached processes
