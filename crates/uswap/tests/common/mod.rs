@@ -85,6 +85,10 @@ pub fn fill_and_evict(rt: &Runtime, region: &Region) {
 /// Runs the test `name` of the current test binary again in a child
 /// process with `USWAP_TEST_CHILD` set, and returns how it ended: exit
 /// code, or the signal that killed it. Fails if it runs past `limit`.
+///
+/// The child's standard output comes through this test's, each line
+/// marked: its harness's summary line would otherwise be counted as a
+/// second test result (`.ci/run` sums those lines).
 pub fn in_child_process(name: &str, limit: Duration) -> (Option<i32>, Option<i32>) {
     if std::env::var("USWAP_TEST_CHILD").is_ok() {
         panic!("in_child_process called from the child");
@@ -93,11 +97,27 @@ pub fn in_child_process(name: &str, limit: Duration) -> (Option<i32>, Option<i32
     let mut child = std::process::Command::new(exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env("USWAP_TEST_CHILD", "1")
+        .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let out = child.stdout.take().unwrap();
+    // Ends when the child's output closes: at its exit (unless a process it
+    // forked still holds it), or at its kill below.
+    let (forwarded, all_forwarded) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            match line {
+                Ok(line) => println!("[child process] {line}"),
+                Err(e) => println!("[child process] output unreadable: {e}"),
+            }
+        }
+        let _ = forwarded.send(());
+    });
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
+            // The rest of its output, if it comes; none of it is checked.
+            let _ = all_forwarded.recv_timeout(Duration::from_secs(5));
             return (status.code(), status.signal());
         }
         if Instant::now() > deadline {
