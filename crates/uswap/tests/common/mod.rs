@@ -88,7 +88,9 @@ pub fn fill_and_evict(rt: &Runtime, region: &Region) {
 ///
 /// The child's standard output comes through this test's, each line
 /// marked: its harness's summary line would otherwise be counted as a
-/// second test result (`.ci/run` sums those lines).
+/// second test result (`.ci/run` sums those lines). Fails too if the
+/// child's harness found no test of that name (it would pass, having run
+/// nothing).
 pub fn in_child_process(name: &str, limit: Duration) -> (Option<i32>, Option<i32>) {
     if std::env::var("USWAP_TEST_CHILD").is_ok() {
         panic!("in_child_process called from the child");
@@ -101,23 +103,40 @@ pub fn in_child_process(name: &str, limit: Duration) -> (Option<i32>, Option<i32
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
-    // Ends when the child's output closes: at its exit (unless a process it
-    // forked still holds it), or at its kill below.
-    let (forwarded, all_forwarded) = std::sync::mpsc::channel();
+    // What the child's output shows: that its harness found the test (it
+    // says so before it runs it), and that the output is over. Over when it
+    // closes: at the child's exit (unless a process it forked still holds
+    // it), or at its kill below. A send fails only once nobody waits.
+    enum Seen {
+        Ran,
+        End,
+    }
+    let (seen, sight) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
             match line {
-                Ok(line) => println!("[child process] {line}"),
+                Ok(line) => {
+                    if line == "running 1 test" {
+                        let _ = seen.send(Seen::Ran);
+                    }
+                    println!("[child process] {line}");
+                }
                 Err(e) => println!("[child process] output unreadable: {e}"),
             }
         }
-        let _ = forwarded.send(());
+        let _ = seen.send(Seen::End);
     });
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            // The rest of its output, if it comes; none of it is checked.
-            let _ = all_forwarded.recv_timeout(Duration::from_secs(5));
+            let mut ran = false;
+            while let Ok(s) = sight.recv_timeout(Duration::from_secs(5)) {
+                match s {
+                    Seen::Ran => ran = true,
+                    Seen::End => break,
+                }
+            }
+            assert!(ran, "{name}: the child process found no test of that name");
             return (status.code(), status.signal());
         }
         if Instant::now() > deadline {
