@@ -6,7 +6,7 @@ mod common;
 
 use common::{
     eventually, evict_to_limit, fill_and_evict, in_child_process, in_own_process, is_child_process,
-    runtime, within, Words, MIB,
+    runtime, this_test, within, Words, MIB,
 };
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -108,93 +108,85 @@ fn mprotect_splitting_a_swapped_folio_keeps_every_page() {
 /// both are done.
 #[test]
 fn a_forked_child_sees_its_parents_swapped_memory() {
-    in_own_process(
-        "a_forked_child_sees_its_parents_swapped_memory",
-        Duration::from_secs(60),
-        || {
-            let rt = runtime(MIB, FOLIO, 8, false);
-            let region = rt.map(6 * MIB).unwrap();
-            fill_and_evict(&rt, &region);
-            let base = region.as_ptr() as usize;
-            let words = Words::of(&region);
-            assert!(rt.stats().evicted_folios > 0);
-            // SAFETY: the child only reads and writes memory and leaves with _exit;
-            // it allocates nothing and takes no lock another thread may hold.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0, "fork failed");
-            if pid == 0 {
-                let mut bad = 0u64;
-                for i in 0..words.count {
-                    if words.read(i) != expect(base, base + i * 8) {
-                        bad += 1;
-                    }
-                    // The child's writes are its own.
-                    words.write(i, 0xC0DE);
-                }
-                for i in (0..words.count).step_by(511) {
-                    if words.read(i) != 0xC0DE {
-                        bad += 1;
-                    }
-                }
-                // SAFETY: ends the child without running the parent's destructors.
-                unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
-            }
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "the child saw wrong bytes (status {status:#x})"
-            );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(6 * MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        let base = region.as_ptr() as usize;
+        let words = Words::of(&region);
+        assert!(rt.stats().evicted_folios > 0);
+        // SAFETY: the child only reads and writes memory and leaves with _exit;
+        // it allocates nothing and takes no lock another thread may hold.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let mut bad = 0u64;
             for i in 0..words.count {
-                assert_eq!(
-                    words.read(i),
-                    expect(base, base + i * 8),
-                    "parent word {i} after the child wrote its copy"
-                );
+                if words.read(i) != expect(base, base + i * 8) {
+                    bad += 1;
+                }
+                // The child's writes are its own.
+                words.write(i, 0xC0DE);
             }
-            assert!(rt.stats().forks >= 1);
-            assert!(
-                eventually(|| rt.stats().children == 0),
-                "the exited child was released"
+            for i in (0..words.count).step_by(511) {
+                if words.read(i) != 0xC0DE {
+                    bad += 1;
+                }
+            }
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child saw wrong bytes (status {status:#x})"
+        );
+        for i in 0..words.count {
+            assert_eq!(
+                words.read(i),
+                expect(base, base + i * 8),
+                "parent word {i} after the child wrote its copy"
             );
-            drop(region);
-            rt.store().drain_slot_caches();
-            assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
-        },
-    );
+        }
+        assert!(rt.stats().forks >= 1);
+        assert!(
+            eventually(|| rt.stats().children == 0),
+            "the exited child was released"
+        );
+        drop(region);
+        rt.store().drain_slot_caches();
+        assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
+    });
 }
 
 /// A child that exits without touching anything gives its references back,
 /// and the parent's memory is intact.
 #[test]
 fn a_child_that_exits_untouched_releases_its_references() {
-    in_own_process(
-        "a_child_that_exits_untouched_releases_its_references",
-        Duration::from_secs(60),
-        || {
-            let rt = runtime(MIB, FOLIO, 8, false);
-            let region = rt.map(4 * MIB).unwrap();
-            fill_and_evict(&rt, &region);
-            // SAFETY: the child leaves at once with _exit.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                // SAFETY: as above.
-                unsafe { libc::_exit(0) };
-            }
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-            assert!(eventually(
-                || rt.stats().children_exited >= 1 && rt.stats().children == 0
-            ));
-            let base = region.as_ptr() as usize;
-            check_range(base, base, base + region.len(), "the parent");
-            drop(region);
-            rt.store().drain_slot_caches();
-            assert_eq!(rt.store().slots_in_use(), 0);
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(4 * MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        // SAFETY: the child leaves at once with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(eventually(
+            || rt.stats().children_exited >= 1 && rt.stats().children == 0
+        ));
+        let base = region.as_ptr() as usize;
+        check_range(base, base, base + region.len(), "the parent");
+        drop(region);
+        rt.store().drain_slot_caches();
+        assert_eq!(rt.store().slots_in_use(), 0);
+    });
 }
 
 /// Defect 2: a write into a hole (a page the program dropped) of a folio
@@ -429,10 +421,7 @@ fn every_thread_touching_a_corrupt_folio_gets_sigbus() {
     if is_child_process() {
         return corrupt_folio_child();
     }
-    let (code, signal) = in_child_process(
-        "every_thread_touching_a_corrupt_folio_gets_sigbus",
-        Duration::from_secs(60),
-    );
+    let (code, signal) = in_child_process(this_test!(), Duration::from_secs(60));
     assert_eq!(
         (code, signal),
         (Some(0), None),
@@ -542,10 +531,7 @@ fn a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus() {
     if is_child_process() {
         return give_back_child();
     }
-    let (code, signal) = in_child_process(
-        "a_managed_mapping_given_back_with_a_corrupt_folio_raises_sigbus",
-        Duration::from_secs(60),
-    );
+    let (code, signal) = in_child_process(this_test!(), Duration::from_secs(60));
     assert_eq!(
         signal,
         Some(libc::SIGBUS),
@@ -605,11 +591,7 @@ fn give_back_child() {
 /// process: a process stuck that way cannot even exit.)
 #[test]
 fn a_fork_right_after_the_runtime_starts_does_not_hang() {
-    in_own_process(
-        "a_fork_right_after_the_runtime_starts_does_not_hang",
-        Duration::from_secs(120),
-        fork_at_start_child,
-    );
+    in_own_process(this_test!(), Duration::from_secs(120), fork_at_start_child);
 }
 
 fn fork_at_start_child() {
@@ -643,7 +625,7 @@ fn fork_at_start_child() {
 #[test]
 fn a_fork_while_a_runtime_starts_does_not_hang() {
     in_own_process(
-        "a_fork_while_a_runtime_starts_does_not_hang",
+        this_test!(),
         Duration::from_secs(120),
         fork_while_starting_child,
     );
@@ -746,7 +728,7 @@ fn a_page_dropped_before_a_move_reads_zero_where_it_went() {
 #[test]
 fn a_runtime_that_ends_leaves_no_memory_registered() {
     in_own_process(
-        "a_runtime_that_ends_leaves_no_memory_registered",
+        this_test!(),
         Duration::from_secs(60),
         leaves_nothing_registered_child,
     );
@@ -829,51 +811,47 @@ fn leaves_nothing_registered_child() {
 /// nobody read. A forked child holds none of them.
 #[test]
 fn a_forked_child_holds_no_userfaultfd_of_the_runtime() {
-    in_own_process(
-        "a_forked_child_holds_no_userfaultfd_of_the_runtime",
-        Duration::from_secs(60),
-        || {
-            let rt = runtime(MIB, FOLIO, 8, false);
-            let region = rt.map(MIB).unwrap();
-            fill_and_evict(&rt, &region);
-            let (mut pipe, mut ready) = ([0; 2], [0; 2]);
-            // SAFETY: a pipe for the child to wait on, one for it to say it runs.
-            assert_eq!(
-                unsafe { libc::pipe(pipe.as_mut_ptr()) + libc::pipe(ready.as_mut_ptr()) },
-                0
-            );
-            // SAFETY: the child only waits on the pipe and leaves with _exit.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0);
-            if pid == 0 {
-                let mut b = 0u8;
-                // SAFETY: fork's handlers have run; says so, waits for one byte,
-                // then ends at once.
-                unsafe {
-                    libc::write(ready[1], [0u8].as_ptr().cast(), 1);
-                    libc::read(pipe[0], (&mut b as *mut u8).cast(), 1);
-                    libc::_exit(0);
-                }
-            }
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        let (mut pipe, mut ready) = ([0; 2], [0; 2]);
+        // SAFETY: a pipe for the child to wait on, one for it to say it runs.
+        assert_eq!(
+            unsafe { libc::pipe(pipe.as_mut_ptr()) + libc::pipe(ready.as_mut_ptr()) },
+            0
+        );
+        // SAFETY: the child only waits on the pipe and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
             let mut b = 0u8;
-            // SAFETY: waits until the child runs.
-            assert_eq!(
-                unsafe { libc::read(ready[0], (&mut b as *mut u8).cast(), 1) },
-                1
-            );
-            let held = std::fs::read_dir(format!("/proc/{pid}/fd"))
-                .unwrap()
-                .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
-                .filter(|l| l.to_string_lossy().contains("userfaultfd"))
-                .count();
-            // SAFETY: lets the child go, then reaps it.
+            // SAFETY: fork's handlers have run; says so, waits for one byte,
+            // then ends at once.
             unsafe {
-                libc::write(pipe[1], [0u8].as_ptr().cast(), 1);
-                libc::waitpid(pid, std::ptr::null_mut(), 0);
+                libc::write(ready[1], [0u8].as_ptr().cast(), 1);
+                libc::read(pipe[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
             }
-            assert_eq!(held, 0, "userfaultfds the forked child holds");
-        },
-    );
+        }
+        let mut b = 0u8;
+        // SAFETY: waits until the child runs.
+        assert_eq!(
+            unsafe { libc::read(ready[0], (&mut b as *mut u8).cast(), 1) },
+            1
+        );
+        let held = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+            .filter(|l| l.to_string_lossy().contains("userfaultfd"))
+            .count();
+        // SAFETY: lets the child go, then reaps it.
+        unsafe {
+            libc::write(pipe[1], [0u8].as_ptr().cast(), 1);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(held, 0, "userfaultfds the forked child holds");
+    });
 }
 
 /// Moves two pages out of `region` (the moved memory stays registered with
@@ -905,7 +883,7 @@ fn move_two_pages_out(region: &uswap::mm::Region) {
 #[test]
 fn a_fork_while_a_runtime_ends_does_not_hang() {
     in_own_process(
-        "a_fork_while_a_runtime_ends_does_not_hang",
+        this_test!(),
         Duration::from_secs(60),
         fork_while_ending_child,
     );
@@ -995,21 +973,17 @@ fn child_found_every_word((pid, go): (libc::pid_t, i32)) {
 /// had marked them gone (the child then read zeros for its swapped pages).
 #[test]
 fn a_region_dropped_right_after_a_fork_stays_whole_in_the_child() {
-    in_own_process(
-        "a_region_dropped_right_after_a_fork_stays_whole_in_the_child",
-        Duration::from_secs(60),
-        || {
-            let rt = runtime(MIB, FOLIO, 8, false);
-            for _ in 0..4 {
-                let region = rt.map(2 * MIB).unwrap();
-                fill_and_evict(&rt, &region);
-                assert!(rt.stats().store.stored_pages > 0, "nothing was swapped out");
-                let child = fork_checking_child(region.as_ptr() as usize, 2 * MIB);
-                drop(region);
-                child_found_every_word(child);
-            }
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        for _ in 0..4 {
+            let region = rt.map(2 * MIB).unwrap();
+            fill_and_evict(&rt, &region);
+            assert!(rt.stats().store.stored_pages > 0, "nothing was swapped out");
+            let child = fork_checking_child(region.as_ptr() as usize, 2 * MIB);
+            drop(region);
+            child_found_every_word(child);
+        }
+    });
 }
 
 /// A forked child still running when its parent's runtime ends keeps its
@@ -1017,20 +991,16 @@ fn a_region_dropped_right_after_a_fork_stays_whole_in_the_child() {
 /// the runtime lets go of it (it read zeros).
 #[test]
 fn a_forked_child_keeps_its_memory_when_the_runtime_ends() {
-    in_own_process(
-        "a_forked_child_keeps_its_memory_when_the_runtime_ends",
-        Duration::from_secs(60),
-        || {
-            let rt = runtime(MIB, FOLIO, 8, false);
-            let region = rt.map(2 * MIB).unwrap();
-            fill_and_evict(&rt, &region);
-            assert!(rt.stats().store.stored_pages > 0, "nothing was swapped out");
-            let child = fork_checking_child(region.as_ptr() as usize, 2 * MIB);
-            drop(region);
-            drop(rt);
-            child_found_every_word(child);
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(2 * MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        assert!(rt.stats().store.stored_pages > 0, "nothing was swapped out");
+        let child = fork_checking_child(region.as_ptr() as usize, 2 * MIB);
+        drop(region);
+        drop(rt);
+        child_found_every_word(child);
+    });
 }
 
 /// A plug of folios that do not compress (with no swap file to hold them
@@ -1098,39 +1068,35 @@ fn incompressible_folios_do_not_stall_reclaim_of_the_rest() {
 /// gave the parent its own), and the child keeps its copy.
 #[test]
 fn stored_pages_leave_without_an_event() {
-    in_own_process(
-        "stored_pages_leave_without_an_event",
-        Duration::from_secs(60),
-        || {
-            let rt = runtime(MIB, FOLIO, 8, false);
-            let region = rt.map(4 * MIB).unwrap();
-            fill_and_evict(&rt, &region);
-            let stats = rt.stats();
-            assert!(stats.evicted_folios > 0, "nothing was evicted");
-            assert!(stats.discarded_by_move > 0, "{stats:?}");
-            assert_eq!(stats.discarded_in_place, 0, "{stats:?}");
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(4 * MIB).unwrap();
+        fill_and_evict(&rt, &region);
+        let stats = rt.stats();
+        assert!(stats.evicted_folios > 0, "nothing was evicted");
+        assert!(stats.discarded_by_move > 0, "{stats:?}");
+        assert_eq!(stats.discarded_in_place, 0, "{stats:?}");
 
-            // Everything back in (the limit lifted), shared with a child, then
-            // pushed out again.
-            rt.set_memory_high(16 * MIB);
-            let words = Words::of(&region);
-            for i in 0..words.count {
-                assert_eq!(words.read(i), i as u64 ^ 0x5555, "word {i}");
-            }
-            assert_eq!(rt.stats().resident_bytes as usize, 4 * MIB);
-            let child = fork_checking_child(region.as_ptr() as usize, 4 * MIB);
-            let moved = rt.stats().discarded_by_move;
-            rt.set_memory_high(MIB);
-            evict_to_limit(&rt);
-            let stats = rt.stats();
-            assert!(stats.discarded_by_move > moved, "{stats:?}");
-            assert_eq!(stats.discarded_in_place, 0, "{stats:?}");
-            child_found_every_word(child);
-            for i in 0..words.count {
-                assert_eq!(words.read(i), i as u64 ^ 0x5555, "word {i}");
-            }
-        },
-    );
+        // Everything back in (the limit lifted), shared with a child, then
+        // pushed out again.
+        rt.set_memory_high(16 * MIB);
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            assert_eq!(words.read(i), i as u64 ^ 0x5555, "word {i}");
+        }
+        assert_eq!(rt.stats().resident_bytes as usize, 4 * MIB);
+        let child = fork_checking_child(region.as_ptr() as usize, 4 * MIB);
+        let moved = rt.stats().discarded_by_move;
+        rt.set_memory_high(MIB);
+        evict_to_limit(&rt);
+        let stats = rt.stats();
+        assert!(stats.discarded_by_move > moved, "{stats:?}");
+        assert_eq!(stats.discarded_in_place, 0, "{stats:?}");
+        child_found_every_word(child);
+        for i in 0..words.count {
+            assert_eq!(words.read(i), i as u64 ^ 0x5555, "word {i}");
+        }
+    });
 }
 
 /// Pages that cannot move (a read-only mapping: a move needs a writable
@@ -1187,15 +1153,11 @@ fn stored_pages_are_dropped_in_place_without_moves() {
 /// the gate is released for it).
 #[test]
 fn a_discard_never_takes_memory_mapped_where_a_moved_region_was() {
-    in_own_process(
-        "a_discard_never_takes_memory_mapped_where_a_moved_region_was",
-        Duration::from_secs(60),
-        || {
-            for discard_by_move in [true, false] {
-                discard_after_a_move_of_the_region(discard_by_move);
-            }
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        for discard_by_move in [true, false] {
+            discard_after_a_move_of_the_region(discard_by_move);
+        }
+    });
 }
 
 fn discard_after_a_move_of_the_region(discard_by_move: bool) {
@@ -1328,55 +1290,50 @@ fn a_drop_in_place_split_by_mprotect_while_it_waits_keeps_every_page() {
 /// went in the child. The parent's own finish already kept moved pages.
 #[test]
 fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
-    in_own_process(
-        "a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it",
-        Duration::from_secs(60),
-        || {
-            let rt = Runtime::new(RuntimeConfig {
-                memory_high: 16 * MIB,
-                folio_size: PAGE,
-                ..RuntimeConfig::default()
-            })
-            .unwrap();
-            let len = 8 * PAGE;
-            let region = rt.map(len).unwrap();
-            let base = region.as_ptr() as usize;
-            let words = Words::of(&region);
-            for i in 0..words.count {
-                words.write(i, expect(base, base + i * 8));
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: PAGE,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let len = 8 * PAGE;
+        let region = rt.map(len).unwrap();
+        let base = region.as_ptr() as usize;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, expect(base, base + i * 8));
+        }
+        let (target, report) = reservation_and_report(2);
+        rt.hold_next_finish();
+        rt.set_memory_high(PAGE);
+        assert!(rt.wait_finish_held(), "no flush reached its finish");
+        let moved = base + PAGE;
+        // SAFETY: moving one page of our own region onto our reservation.
+        unsafe { move_pages_onto(moved, PAGE, target) };
+        // SAFETY: the child only reads the moved page into the shared
+        // report page and ends at once.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe {
+                *report = std::ptr::read_volatile(target as *const u64);
+                libc::_exit(0);
             }
-            let (target, report) = reservation_and_report(2);
-            rt.hold_next_finish();
-            rt.set_memory_high(PAGE);
-            assert!(rt.wait_finish_held(), "no flush reached its finish");
-            let moved = base + PAGE;
-            // SAFETY: moving one page of our own region onto our reservation.
-            unsafe { move_pages_onto(moved, PAGE, target) };
-            // SAFETY: the child only reads the moved page into the shared
-            // report page and ends at once.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0);
-            if pid == 0 {
-                // SAFETY: as above.
-                unsafe {
-                    *report = std::ptr::read_volatile(target as *const u64);
-                    libc::_exit(0);
-                }
-            }
-            rt.release_finish();
-            rt.set_memory_high(16 * MIB);
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-            let want = expect(base, moved);
-            // SAFETY: the moved page, ours; the report, written by the child
-            // that has exited.
-            let (parent, child) =
-                unsafe { (std::ptr::read_volatile(target as *const u64), *report) };
-            assert_eq!(parent, want, "the parent's moved page");
-            assert_eq!(child, want, "the child's moved page");
-        },
-    );
+        }
+        rt.release_finish();
+        rt.set_memory_high(16 * MIB);
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let want = expect(base, moved);
+        // SAFETY: the moved page, ours; the report, written by the child
+        // that has exited.
+        let (parent, child) = unsafe { (std::ptr::read_volatile(target as *const u64), *report) };
+        assert_eq!(parent, want, "the parent's moved page");
+        assert_eq!(child, want, "the child's moved page");
+    });
 }
 
 /// For the fork tests: a reservation of `pages` pages to move pages onto
@@ -1418,63 +1375,59 @@ fn reservation_and_report(pages: usize) -> (usize, *mut u64) {
 /// A region is now forgotten only once none of its folios is busy.
 #[test]
 fn a_child_forked_before_the_pages_of_a_region_moved_whole_are_installed_reads_them() {
-    in_own_process(
-        "a_child_forked_before_the_pages_of_a_region_moved_whole_are_installed_reads_them",
-        Duration::from_secs(60),
-        || {
-            let (rt, _region, base, len) = filled_region(PAGE, 4, true);
-            // At most one page stays in memory: the move carries stored ones.
-            rt.set_memory_high(PAGE);
-            evict_to_limit(&rt);
-            let (target, report) = reservation_and_report(3);
-            // SAFETY: the region's first page, which nothing touches any more.
-            assert_eq!(unsafe { libc::munmap(base as *mut _, PAGE) }, 0);
-            rt.hold_next_follow_ups();
-            let moved = len - PAGE;
-            // The mremap returns once its last event (the unmap of where the
-            // pages were, after the move's) is read, after the held follow-ups.
-            let mover = std::thread::spawn(move || {
-                // SAFETY: the rest of our own region onto our reservation.
-                unsafe { move_pages_onto(base + PAGE, moved, target) };
-            });
-            assert!(rt.wait_follow_ups_held(), "the move called for no install");
-            // The event thread goes on once the fork is under way, and reads
-            // its event, after the fork has copied the page tables, before the
-            // follow-ups.
-            rt.release_follow_ups();
-            // SAFETY: the child only reads the moved pages into the shared
-            // report page and ends at once.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0);
-            if pid == 0 {
-                // SAFETY: as above.
-                unsafe {
-                    for page in 0..moved / PAGE {
-                        *report.add(page) =
-                            std::ptr::read_volatile((target + page * PAGE) as *const u64);
-                    }
-                    libc::_exit(0);
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, _region, base, len) = filled_region(PAGE, 4, true);
+        // At most one page stays in memory: the move carries stored ones.
+        rt.set_memory_high(PAGE);
+        evict_to_limit(&rt);
+        let (target, report) = reservation_and_report(3);
+        // SAFETY: the region's first page, which nothing touches any more.
+        assert_eq!(unsafe { libc::munmap(base as *mut _, PAGE) }, 0);
+        rt.hold_next_follow_ups();
+        let moved = len - PAGE;
+        // The mremap returns once its last event (the unmap of where the
+        // pages were, after the move's) is read, after the held follow-ups.
+        let mover = std::thread::spawn(move || {
+            // SAFETY: the rest of our own region onto our reservation.
+            unsafe { move_pages_onto(base + PAGE, moved, target) };
+        });
+        assert!(rt.wait_follow_ups_held(), "the move called for no install");
+        // The event thread goes on once the fork is under way, and reads
+        // its event, after the fork has copied the page tables, before the
+        // follow-ups.
+        rt.release_follow_ups();
+        // SAFETY: the child only reads the moved pages into the shared
+        // report page and ends at once.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe {
+                for page in 0..moved / PAGE {
+                    *report.add(page) =
+                        std::ptr::read_volatile((target + page * PAGE) as *const u64);
                 }
+                libc::_exit(0);
             }
-            mover.join().unwrap();
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-            for page in 0..moved / PAGE {
-                let want = expect(base, base + (page + 1) * PAGE);
-                // SAFETY: the moved page, ours; the report, written by the child
-                // that has exited.
-                let (parent, child) = unsafe {
-                    (
-                        std::ptr::read_volatile((target + page * PAGE) as *const u64),
-                        *report.add(page),
-                    )
-                };
-                assert_eq!(parent, want, "the parent's moved page {page}");
-                assert_eq!(child, want, "the child's moved page {page}");
-            }
-        },
-    );
+        }
+        mover.join().unwrap();
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        for page in 0..moved / PAGE {
+            let want = expect(base, base + (page + 1) * PAGE);
+            // SAFETY: the moved page, ours; the report, written by the child
+            // that has exited.
+            let (parent, child) = unsafe {
+                (
+                    std::ptr::read_volatile((target + page * PAGE) as *const u64),
+                    *report.add(page),
+                )
+            };
+            assert_eq!(parent, want, "the parent's moved page {page}");
+            assert_eq!(child, want, "the child's moved page {page}");
+        }
+    });
 }
 
 /// A program thread unmaps memory that the reclaimer has stored and checked
@@ -1486,54 +1439,50 @@ fn a_child_forked_before_the_pages_of_a_region_moved_whole_are_installed_reads_t
 /// the reclaimer lets the event in and finds the range gone.
 #[test]
 fn a_move_never_takes_memory_mapped_where_unmapped_memory_was() {
-    in_own_process(
-        "a_move_never_takes_memory_mapped_where_unmapped_memory_was",
-        Duration::from_secs(60),
-        || {
-            let (rt, region, base, len) = four_filled_folios();
-            rt.hold_next_move();
-            rt.set_memory_high(FOLIO);
-            assert!(rt.wait_move_held(), "no flush reached its move");
-            // One thread unmaps the region: its munmap waits until the event
-            // thread reads the event, which the held flush keeps it from.
-            let unmapper = std::thread::spawn(move || {
-                // SAFETY: the test's own region, which nothing touches any more.
-                unsafe { libc::munmap(base as *mut _, len) }
-            });
-            // Another maps plain memory where it was, as soon as it is gone.
-            let mut plain = libc::MAP_FAILED;
-            assert!(eventually(|| {
-                // SAFETY: a new private mapping, only where nothing is mapped.
-                plain = unsafe {
-                    libc::mmap(
-                        base as *mut _,
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                        -1,
-                        0,
-                    )
-                };
-                plain as usize == base
-            }));
-            // SAFETY: the plain mapping just made.
-            unsafe { std::ptr::write_bytes(base as *mut u8, 0xCD, len) };
-            rt.release_move();
-            assert_eq!(unmapper.join().unwrap(), 0);
-            rt.set_memory_high(16 * MIB);
-            // SAFETY: the plain mapping made above.
-            let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
-            let lost = bytes.iter().filter(|&&b| b != 0xCD).count();
-            let stats = rt.stats();
-            // SAFETY: the plain mapping is ours.
-            unsafe { libc::munmap(base as *mut _, len) };
-            assert_eq!(
-                lost, 0,
-                "{lost} bytes of memory mapped where the region was changed ({stats:?})"
-            );
-            drop(region);
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, region, base, len) = four_filled_folios();
+        rt.hold_next_move();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_move_held(), "no flush reached its move");
+        // One thread unmaps the region: its munmap waits until the event
+        // thread reads the event, which the held flush keeps it from.
+        let unmapper = std::thread::spawn(move || {
+            // SAFETY: the test's own region, which nothing touches any more.
+            unsafe { libc::munmap(base as *mut _, len) }
+        });
+        // Another maps plain memory where it was, as soon as it is gone.
+        let mut plain = libc::MAP_FAILED;
+        assert!(eventually(|| {
+            // SAFETY: a new private mapping, only where nothing is mapped.
+            plain = unsafe {
+                libc::mmap(
+                    base as *mut _,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            plain as usize == base
+        }));
+        // SAFETY: the plain mapping just made.
+        unsafe { std::ptr::write_bytes(base as *mut u8, 0xCD, len) };
+        rt.release_move();
+        assert_eq!(unmapper.join().unwrap(), 0);
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the plain mapping made above.
+        let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+        let lost = bytes.iter().filter(|&&b| b != 0xCD).count();
+        let stats = rt.stats();
+        // SAFETY: the plain mapping is ours.
+        unsafe { libc::munmap(base as *mut _, len) };
+        assert_eq!(
+            lost, 0,
+            "{lost} bytes of memory mapped where the region was changed ({stats:?})"
+        );
+        drop(region);
+    });
 }
 
 /// A model soak hung: the program unmapped the first page of a folio while
@@ -1567,29 +1516,25 @@ fn a_hole_at_the_start_of_an_evicting_run_does_not_hold_reclaim() {
 /// voids the run's copies.
 #[test]
 fn a_move_never_takes_memory_registered_where_part_of_the_run_was_unmapped() {
-    in_own_process(
-        "a_move_never_takes_memory_registered_where_part_of_the_run_was_unmapped",
-        Duration::from_secs(60),
-        || {
-            let (rt, _region, base, len) = four_filled_folios();
-            rt.hold_next_discard();
-            rt.set_memory_high(FOLIO);
-            assert!(rt.wait_discard_held(), "no flush reached its discard");
-            let hole = base + FOLIO;
-            replace_with_new_memory(hole, FOLIO);
-            // SAFETY: the new private anonymous mapping just made, which stays.
-            let fresh = unsafe { rt.manage(hole as *mut u8, FOLIO).unwrap() };
-            rt.release_discard();
-            rt.set_memory_high(16 * MIB);
-            // SAFETY: the new mapping, managed above.
-            let bytes = unsafe { std::slice::from_raw_parts(hole as *const u8, FOLIO) };
-            let lost = bytes.iter().filter(|&&b| b != 0xCD).count();
-            assert_eq!(lost, 0, "{lost} bytes of the new memory changed");
-            check_range(base, base, hole, "the folio before the hole");
-            check_range(base, hole + FOLIO, base + len, "the folios after the hole");
-            drop(fresh);
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_filled_folios();
+        rt.hold_next_discard();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_discard_held(), "no flush reached its discard");
+        let hole = base + FOLIO;
+        replace_with_new_memory(hole, FOLIO);
+        // SAFETY: the new private anonymous mapping just made, which stays.
+        let fresh = unsafe { rt.manage(hole as *mut u8, FOLIO).unwrap() };
+        rt.release_discard();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the new mapping, managed above.
+        let bytes = unsafe { std::slice::from_raw_parts(hole as *const u8, FOLIO) };
+        let lost = bytes.iter().filter(|&&b| b != 0xCD).count();
+        assert_eq!(lost, 0, "{lost} bytes of the new memory changed");
+        check_range(base, base, hole, "the folio before the hole");
+        check_range(base, hole + FOLIO, base + len, "the folios after the hole");
+        drop(fresh);
+    });
 }
 
 /// A runtime (64 KiB folios, discards by move) and a region of four folios
@@ -1638,30 +1583,25 @@ fn fill_with_expect(region: &uswap::mm::Region) {
 /// moved, or dropped) are not the folio's: they are not counted.
 #[test]
 fn new_memory_in_a_hole_of_an_evicted_folio_is_not_taken_for_its_pages() {
-    in_own_process(
-        "new_memory_in_a_hole_of_an_evicted_folio_is_not_taken_for_its_pages",
-        Duration::from_secs(60),
-        || {
-            let (rt, _region, base, len) = four_filled_folios();
-            rt.hold_next_finish();
-            rt.set_memory_high(FOLIO);
-            assert!(rt.wait_finish_held(), "no flush reached its finish");
-            // The second half of each folio: whichever the flush took.
-            for folio in (base..base + len).step_by(FOLIO) {
-                replace_with_new_memory(folio + FOLIO / 2, FOLIO / 2);
-            }
-            rt.release_finish();
-            rt.set_memory_high(16 * MIB);
-            for folio in (base..base + len).step_by(FOLIO) {
-                check_range(base, folio, folio + FOLIO / 2, "the first half of a folio");
-                // SAFETY: the new memory mapped above.
-                let new = unsafe {
-                    std::slice::from_raw_parts((folio + FOLIO / 2) as *const u8, FOLIO / 2)
-                };
-                assert!(new.iter().all(|&b| b == 0xCD), "the new memory changed");
-            }
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_filled_folios();
+        rt.hold_next_finish();
+        rt.set_memory_high(FOLIO);
+        assert!(rt.wait_finish_held(), "no flush reached its finish");
+        // The second half of each folio: whichever the flush took.
+        for folio in (base..base + len).step_by(FOLIO) {
+            replace_with_new_memory(folio + FOLIO / 2, FOLIO / 2);
+        }
+        rt.release_finish();
+        rt.set_memory_high(16 * MIB);
+        for folio in (base..base + len).step_by(FOLIO) {
+            check_range(base, folio, folio + FOLIO / 2, "the first half of a folio");
+            // SAFETY: the new memory mapped above.
+            let new =
+                unsafe { std::slice::from_raw_parts((folio + FOLIO / 2) as *const u8, FOLIO / 2) };
+            assert!(new.iter().all(|&b| b == 0xCD), "the new memory changed");
+        }
+    });
 }
 
 /// Unmaps `addr..addr + len` of the test's own region (which nothing
@@ -2081,10 +2021,7 @@ fn dropped_then_zapped_late(offset: usize, len: usize) {
 /// the program's thread won the race with the zap (1 round in 7 to 1 in 30): 60 rounds.
 #[test]
 fn memory_mapped_where_a_waiting_drop_in_place_was_keeps_its_bytes() {
-    memory_mapped_where_a_drop_in_place_waits(
-        "memory_mapped_where_a_waiting_drop_in_place_was_keeps_its_bytes",
-        false,
-    );
+    memory_mapped_where_a_drop_in_place_waits(this_test!(), false);
 }
 
 /// The same where the drop's run spans two mappings (the folio after the
@@ -2097,10 +2034,7 @@ fn memory_mapped_where_a_waiting_drop_in_place_was_keeps_its_bytes() {
 /// now covers one mapping.
 #[test]
 fn memory_mapped_where_a_drop_in_place_over_two_mappings_waits_keeps_its_bytes() {
-    memory_mapped_where_a_drop_in_place_waits(
-        "memory_mapped_where_a_drop_in_place_over_two_mappings_waits_keeps_its_bytes",
-        true,
-    );
+    memory_mapped_where_a_drop_in_place_waits(this_test!(), true);
 }
 
 /// 60 rounds of: four folios, the reclaimer's drop in place of the oldest
@@ -2151,19 +2085,15 @@ fn memory_mapped_where_a_drop_in_place_waits(test: &str, split: bool) {
 /// without an event: its bytes read as zeros.
 #[test]
 fn new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes() {
-    in_own_process(
-        "new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes",
-        Duration::from_secs(60),
-        || {
-            let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
-            // Inside the second folio: the drop's run starts at the oldest.
-            let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
-            replace_with_new_memory(piece, plen);
-            rt.release_drop();
-            rt.set_memory_high(16 * MIB);
-            check_around_new_memory(base, len, piece, plen, "");
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
+        // Inside the second folio: the drop's run starts at the oldest.
+        let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
+        replace_with_new_memory(piece, plen);
+        rt.release_drop();
+        rt.set_memory_high(16 * MIB);
+        check_around_new_memory(base, len, piece, plen, "");
+    });
 }
 
 /// Found by `churn` under `uswap run --discard in-place` (zeros in a block
@@ -2175,24 +2105,20 @@ fn new_memory_mapped_between_the_check_and_a_drop_in_place_keeps_its_bytes() {
 /// own).
 #[test]
 fn new_memory_managed_where_a_drop_in_place_was_checked_keeps_its_bytes() {
-    in_own_process(
-        "new_memory_managed_where_a_drop_in_place_was_checked_keeps_its_bytes",
-        Duration::from_secs(60),
-        || {
-            let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
-            replace_with_new_memory(base, len);
-            // SAFETY: a private anonymous mapping, folio-aligned, that stays
-            // mapped while the region lives.
-            let newer = unsafe { rt.manage(base as *mut u8, len) }.unwrap();
-            rt.release_drop();
-            rt.set_memory_high(16 * MIB);
-            // SAFETY: the new memory mapped above.
-            let new = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
-            let lost = new.iter().filter(|&&b| b != 0xCD).count();
-            assert_eq!(lost, 0, "{lost} bytes of the new memory lost");
-            drop(newer);
-        },
-    );
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
+        replace_with_new_memory(base, len);
+        // SAFETY: a private anonymous mapping, folio-aligned, that stays
+        // mapped while the region lives.
+        let newer = unsafe { rt.manage(base as *mut u8, len) }.unwrap();
+        rt.release_drop();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the new memory mapped above.
+        let new = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+        let lost = new.iter().filter(|&&b| b != 0xCD).count();
+        assert_eq!(lost, 0, "{lost} bytes of the new memory lost");
+        drop(newer);
+    });
 }
 
 /// The same with the new memory mapped a moment later: the piece is
@@ -2203,36 +2129,32 @@ fn new_memory_managed_where_a_drop_in_place_was_checked_keeps_its_bytes() {
 /// without an event.
 #[test]
 fn new_memory_mapped_in_a_hole_while_a_drop_in_place_walks_keeps_its_bytes() {
-    in_own_process(
-        "new_memory_mapped_in_a_hole_while_a_drop_in_place_walks_keeps_its_bytes",
-        Duration::from_secs(60),
-        || {
-            let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
-            let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
-            // SAFETY: the test's own region.
-            assert_eq!(unsafe { libc::munmap(piece as *mut _, plen) }, 0);
-            rt.hold_events_at_next_drop();
-            let map_new = || map_new_memory(piece, plen);
-            // The drop goes on; its first event (the part before the hole) is
-            // held unread, if it makes one, and the new memory is mapped then.
-            let walked = std::thread::scope(|scope| {
-                let dropping = scope.spawn(|| rt.release_drop());
-                let walked = rt.wait_events_held();
-                if walked {
-                    map_new();
-                    rt.release_events();
-                }
-                dropping.join().unwrap();
-                walked
-            });
-            if !walked {
-                // No drop was made over the hole: the new memory comes now.
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
+        let (piece, plen) = (base + FOLIO + FOLIO / 4, FOLIO / 4);
+        // SAFETY: the test's own region.
+        assert_eq!(unsafe { libc::munmap(piece as *mut _, plen) }, 0);
+        rt.hold_events_at_next_drop();
+        let map_new = || map_new_memory(piece, plen);
+        // The drop goes on; its first event (the part before the hole) is
+        // held unread, if it makes one, and the new memory is mapped then.
+        let walked = std::thread::scope(|scope| {
+            let dropping = scope.spawn(|| rt.release_drop());
+            let walked = rt.wait_events_held();
+            if walked {
                 map_new();
+                rt.release_events();
             }
-            rt.set_memory_high(16 * MIB);
-            check_around_new_memory(base, len, piece, plen, "");
-        },
-    );
+            dropping.join().unwrap();
+            walked
+        });
+        if !walked {
+            // No drop was made over the hole: the new memory comes now.
+            map_new();
+        }
+        rt.set_memory_high(16 * MIB);
+        check_around_new_memory(base, len, piece, plen, "");
+    });
 }
 
 /// Found by `churn` under `uswap run --discard in-place`: the program makes
@@ -2840,7 +2762,7 @@ fn memory_a_region_moved_onto_is_not_managed_twice() {
 #[test]
 fn a_child_forked_during_an_eviction_reads_it_after_its_parent_exits() {
     in_own_process(
-        "a_child_forked_during_an_eviction_reads_it_after_its_parent_exits",
+        this_test!(),
         Duration::from_secs(60),
         forked_during_an_eviction_child,
     );
@@ -3144,7 +3066,7 @@ fn a_mapping_moved_whole_takes_its_region_along() {
 #[test]
 fn a_grandchild_forked_during_an_eviction_reads_it_after_its_parent_exits() {
     in_own_process(
-        "a_grandchild_forked_during_an_eviction_reads_it_after_its_parent_exits",
+        this_test!(),
         Duration::from_secs(60),
         grandchild_forked_during_an_eviction_child,
     );

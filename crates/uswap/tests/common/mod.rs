@@ -148,6 +148,20 @@ pub fn in_child_process(name: &str, limit: Duration) -> (Option<i32>, Option<i32
     }
 }
 
+/// The name of the test function it is used in, as the test harness
+/// knows it (for [`in_own_process`]).
+#[allow(unused_macros)]
+macro_rules! this_test {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        let path = path.strip_suffix("::here").expect("a function's path");
+        path.rsplit("::").next().expect("a test's name")
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use this_test;
+
 /// Runs `body` as the test `name` in a process of its own (see
 /// [`in_child_process`]), away from the other tests, which share one
 /// address space:
