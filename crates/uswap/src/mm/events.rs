@@ -52,8 +52,9 @@ pub(crate) struct FollowUp {
 pub(crate) struct Inheritor {
     /// The parent: (space id, region id, folio).
     pub from: (u32, u32, usize),
-    /// The child, and its id (for its own heirs once it is gone).
+    /// The child.
     pub space: Weak<Space>,
+    /// The child's id: what it forked is found by it once it is gone.
     pub space_id: u32,
     /// The child's region.
     pub region: Arc<RegionInner>,
