@@ -3121,3 +3121,135 @@ fn grandchild_forked_during_an_eviction_child() {
     check_range(base, base, base + len, "the parent's region");
     drop(region);
 }
+
+/// Found in review: a folio whose eviction was void (its region moved
+/// before the discard) stays resident, and the reclaimer lifted the flush's
+/// write protection once it had let the event gate go. Meanwhile the
+/// program could unmap it and move another region's stored folio to its
+/// address, and read that folio back with its stored copy kept (CLEAN,
+/// write-protected): the late lift then took that folio's protection, a
+/// write to it raised no fault, its next eviction discarded it as unchanged,
+/// and the write read back as the old bytes.
+#[test]
+fn a_late_lift_of_a_refused_folios_protection_never_unprotects_a_clean_folio() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        within(Duration::from_secs(60), late_lift_over_a_clean_folio)
+    });
+}
+
+fn late_lift_over_a_clean_folio() {
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: 16 * MIB,
+        folio_size: FOLIO,
+        keep_clean_copies: true,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    // The folio that will come back CLEAN, stored.
+    let other = rt.map(FOLIO).unwrap();
+    let other_words = Words::of(&other);
+    for i in 0..other_words.count {
+        other_words.write(i, i as u64 ^ 0xA5A5);
+    }
+    push_out(&rt, other.as_ptr() as usize);
+    // The folio whose eviction goes void (the first of two, taken first):
+    // its region moves onto a reservation while its flush waits before the
+    // discard.
+    let region = rt.map(2 * FOLIO).unwrap();
+    let words = Words::of(&region);
+    rt.hold_next_discard();
+    rt.set_memory_high(FOLIO);
+    for i in 0..words.count {
+        words.write(i, i as u64 ^ 0x5555);
+    }
+    assert!(rt.wait_discard_held(), "no flush reached its discard");
+    // SAFETY: a reservation to move the region onto.
+    let target = unsafe {
+        let t = libc::mmap(
+            std::ptr::null_mut(),
+            3 * FOLIO,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(t, libc::MAP_FAILED);
+        (t as usize).next_multiple_of(FOLIO)
+    };
+    // SAFETY: the region is ours, the target our reservation.
+    unsafe { move_pages_onto(region.as_ptr() as usize, 2 * FOLIO, target) };
+    rt.hold_next_lift();
+    rt.release_discard();
+    assert!(
+        rt.wait_lift_held(),
+        "the void folio's protection was not lifted"
+    );
+    rt.set_memory_high(16 * MIB);
+    // Another thread of the program: the other region moves where the void
+    // folio is (unmapping it), and its folio is read back (CLEAN). Where
+    // the lift is made under the gate, the move waits for it.
+    let done = Arc::new(AtomicBool::new(false));
+    let waits = rt.gate_waits();
+    let mover = {
+        let done = done.clone();
+        let from = other.as_ptr() as usize;
+        std::thread::spawn(move || {
+            // SAFETY: the other region is ours; the target holds the void
+            // folio, which the move unmaps.
+            unsafe { move_pages_onto(from, FOLIO, target) };
+            let back = Words {
+                base: target,
+                count: FOLIO / 8,
+            };
+            assert_eq!(back.read(0), 0xA5A5, "the moved folio read back");
+            done.store(true, Ordering::Release);
+        })
+    };
+    // Either the mover is done, or its move waits for the event thread,
+    // which waits for the gate.
+    assert!(
+        eventually(|| done.load(Ordering::Acquire) || rt.gate_waits() > waits),
+        "the mover neither finished nor waited for its event"
+    );
+    rt.release_lift();
+    mover.join().unwrap();
+    assert!(
+        rt.stats().clean_installs > 0,
+        "the moved folio came back CLEAN"
+    );
+    drop(region);
+    let moved = Words {
+        base: target,
+        count: FOLIO / 8,
+    };
+    // A write the kept copy does not hold, then the folio out and back.
+    moved.write(1, 0xDEAD_BEEF);
+    push_out(&rt, target);
+    assert_eq!(moved.read(1), 0xDEAD_BEEF, "the write after the read-back");
+    for i in 2..moved.count {
+        assert_eq!(
+            moved.read(i),
+            i as u64 ^ 0xA5A5,
+            "word {i} of the moved folio"
+        );
+    }
+}
+
+/// Stores the folio at `addr`, the oldest resident one, by filling one
+/// folio more under a limit of one folio.
+fn push_out(rt: &Runtime, addr: usize) {
+    let filler = rt.map(FOLIO).unwrap();
+    let filler_words = Words::of(&filler);
+    rt.set_memory_high(FOLIO);
+    for i in 0..filler_words.count {
+        filler_words.write(i, i as u64);
+    }
+    assert!(
+        eventually(|| {
+            rt.reclaim_now();
+            rt.is_swapped(addr as *const u8)
+        }),
+        "the folio at {addr:#x} was stored"
+    );
+    rt.set_memory_high(16 * MIB);
+}

@@ -197,7 +197,11 @@ impl EventThread<'_> {
             }
             match shared.gate.try_write() {
                 Ok(g) => break g,
-                Err(_) => std::thread::yield_now(),
+                Err(_) => {
+                    #[cfg(feature = "fault-injection")]
+                    shared.gate_waits.fetch_add(1, Ordering::Relaxed);
+                    std::thread::yield_now()
+                }
             }
         };
         read += self.read_raw();

@@ -238,6 +238,15 @@ pub(crate) struct Shared {
     /// while armed (see [`Runtime::hold_events_at_next_drop`]).
     #[cfg(feature = "fault-injection")]
     pub event_hold: Hold,
+    /// Tests: a finishing flush stops just before it lifts the protection
+    /// of a folio whose eviction was refused, while armed (see
+    /// [`Runtime::hold_next_lift`]).
+    #[cfg(feature = "fault-injection")]
+    pub lift_hold: Hold,
+    /// Tests: times the event thread found the gate held when it came to
+    /// read (see [`Runtime::gate_waits`]).
+    #[cfg(feature = "fault-injection")]
+    pub gate_waits: AtomicU64,
     /// Turns at the room the reclaimer frees, first come first served
     /// between the fillers: (next ticket, ticket now served).
     pub room_turns: (AtomicU64, AtomicU64),
@@ -434,6 +443,10 @@ impl Runtime {
             drop_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             event_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            lift_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            gate_waits: AtomicU64::new(0),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
             own_drops: Mutex::new(Vec::new()),
             dropping: DropInFlight::default(),
@@ -837,6 +850,36 @@ impl Runtime {
     #[cfg(feature = "fault-injection")]
     pub fn release_events(&self) {
         self.shared.event_hold.release();
+    }
+
+    /// Tests: the reclaimer stops just before it lifts the write protection
+    /// of the next folio whose eviction was refused (it stays resident),
+    /// until [`Runtime::release_lift`]; so a test can change the address
+    /// space in that window as another thread of the program would.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_lift(&self) {
+        self.shared.lift_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until the reclaimer is held before
+    /// a lift; false if it was not.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_lift_held(&self) -> bool {
+        self.shared.lift_hold.wait_held()
+    }
+
+    /// Tests: lets the reclaimer held before its lift go on.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_lift(&self) {
+        self.shared.lift_hold.release();
+    }
+
+    /// Tests: how many times the event thread found the event gate held
+    /// when it came to read events: a thread of the program then waits in
+    /// its munmap, mremap or madvise until the gate is let go.
+    #[cfg(feature = "fault-injection")]
+    pub fn gate_waits(&self) -> u64 {
+        self.shared.gate_waits.load(Ordering::Relaxed)
     }
 }
 

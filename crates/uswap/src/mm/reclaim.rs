@@ -1075,21 +1075,11 @@ fn finish_folio(
             }
         }
     }
-    let w = f.load();
-    let resident = folio::state(w) == RESIDENT && w & UNFIT == 0;
-    drop(gate);
     let start = region.folio_addr(i);
-    if resident && was_protected {
-        // Lifting the protection wakes the writers held on it. Only a folio
-        // that stayed resident here: what is left of one that went GONE (a
-        // part unmapped or moved) may lie where other memory now is, whose
-        // protection is not ours to lift; a write there finds the
-        // protection stale and lifts it as any other (counted, see
-        // `Unprotects`).
-        match write_protect(space, start, fs, false) {
-            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
-            Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
-        }
+    if was_protected {
+        lift_protection(shared, space, region, i, gate);
+    } else {
+        drop(gate);
     }
     // Writers held on the protection refault and load the folio; faults
     // where its moved pages live refault and find them (or a hole).
@@ -1103,14 +1093,52 @@ fn finish_folio(
             // The pages that stayed keep the flush's protection otherwise
             // (the folio was not resident above): lifted, as for a folio
             // that stays.
-            match write_protect(space, start, fs, false) {
-                Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => {}
-                Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
-            }
+            lift_protection(shared, space, region, i, shared.read_gate());
         }
     }
     serve_follow_ups(shared, follow_ups);
     stored.is_some()
+}
+
+/// Lifts the flush's write protection from folio `i` if it stayed resident
+/// (and is not UNFIT, which keeps it), waking the writers held on it.
+///
+/// The folio is looked at and the ioctl made under the gate's read side
+/// (`gate`), so that no event is applied in between; one unread makes the
+/// ioctl answer EAGAIN, and the gate is let go for it to be read before the
+/// folio is looked at again. With the gate let go before the ioctl, the
+/// program could unmap the folio and move other managed memory to its
+/// address meanwhile, whose folio, brought back for a read with its copy
+/// kept (CLEAN), then lost its protection to this lift: a write to it went
+/// unseen, and its next eviction dropped it as unchanged. What is left of a
+/// folio no longer resident (a part unmapped or moved) keeps the
+/// protection: a write there finds it stale and lifts it as any other
+/// (counted, see `Unprotects`).
+fn lift_protection<'a>(
+    shared: &'a Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    mut gate: std::sync::RwLockReadGuard<'a, ()>,
+) {
+    loop {
+        let w = region.folios[i].load();
+        if folio::state(w) != RESIDENT || w & UNFIT != 0 {
+            return;
+        }
+        let start = region.folio_addr(i);
+        #[cfg(feature = "fault-injection")]
+        shared.lift_hold.stop_if_armed(|| true);
+        match space.uffd.write_protect(start, region.folio_size, false) {
+            Err(UffdError::Again) => {
+                drop(gate);
+                std::thread::yield_now();
+                gate = shared.read_gate();
+            }
+            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => return,
+            Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
+        }
+    }
 }
 
 /// How many times one run's move is tried while it is refused for events
