@@ -3253,3 +3253,115 @@ fn push_out(rt: &Runtime, addr: usize) {
     );
     rt.set_memory_high(16 * MIB);
 }
+
+/// Found in review: a fault in a hole of a resident folio (a page the
+/// program dropped) got a writable zero page. The reclaimer takes a folio
+/// with the gate's read side only, as a fault server serves one, so it
+/// could protect and copy out the folio between the server's look and its
+/// install: a write to the new page then raised no fault, and the discard
+/// took it with the page; the folio came back with zeros there.
+#[test]
+fn a_write_to_a_refilled_hole_of_an_evicting_folio_is_kept() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        within(Duration::from_secs(60), refilled_hole_during_an_eviction)
+    });
+}
+
+fn refilled_hole_during_an_eviction() {
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: 16 * MIB,
+        folio_size: FOLIO,
+        drop_grace: Duration::ZERO,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let region = rt.map(2 * FOLIO).unwrap();
+    let words = Words::of(&region);
+    for i in 0..words.count {
+        words.write(i, i as u64 ^ 0x5555);
+    }
+    let hole = region.as_ptr() as usize + 3 * PAGE;
+    // SAFETY: a page of our own region, given up.
+    assert_eq!(
+        unsafe { libc::madvise(hole as *mut _, PAGE, libc::MADV_DONTNEED) },
+        0
+    );
+    // A read of the hole waits just before its zero page goes in.
+    rt.hold_next_hole_fill();
+    let reader = std::thread::spawn(move || {
+        // SAFETY: the dropped page of the region, which outlives the thread.
+        unsafe { std::ptr::read_volatile(hole as *const u64) }
+    });
+    assert!(
+        rt.wait_hole_fill_held(),
+        "the read of the hole was not held"
+    );
+    // The folio is taken, protected and copied out meanwhile; the copy-out
+    // waits at the hole for the held fault server.
+    rt.hold_next_discard();
+    rt.set_memory_high(FOLIO);
+    assert!(
+        eventually(|| {
+            rt.reclaim_now();
+            reclaimer_waits_on_a_fault()
+        }),
+        "the reclaimer's copy-out did not reach the hole"
+    );
+    rt.release_hole_fill();
+    assert_eq!(reader.join().unwrap(), 0, "the hole reads as zero");
+    assert!(rt.wait_discard_held(), "no flush reached its discard");
+    // A write to the page now in the hole, before the discard.
+    let done = Arc::new(AtomicBool::new(false));
+    let (writer, writer_tid) = {
+        let done = done.clone();
+        let tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let t = tid.clone();
+        let h = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            t.store(unsafe { libc::gettid() }, Ordering::Release);
+            // SAFETY: as for the read.
+            unsafe { std::ptr::write_volatile(hole as *mut u64, 0xFEED_F00D) };
+            done.store(true, Ordering::Release);
+        });
+        (h, tid)
+    };
+    assert!(
+        eventually(|| {
+            let t = writer_tid.load(Ordering::Acquire);
+            done.load(Ordering::Acquire) || (t != 0 && waits_on_a_fault(t))
+        }),
+        "the writer neither wrote nor waited"
+    );
+    rt.release_discard();
+    writer.join().unwrap();
+    rt.set_memory_high(16 * MIB);
+    // SAFETY: as for the read.
+    let v = unsafe { std::ptr::read_volatile(hole as *const u64) };
+    assert_eq!(v, 0xFEED_F00D, "the write to the refilled hole");
+    for i in (0..words.count).filter(|&i| i < 3 * PAGE / 8 || i >= 4 * PAGE / 8) {
+        assert_eq!(words.read(i), i as u64 ^ 0x5555, "word {i}");
+    }
+}
+
+/// Whether thread `tid` of this process waits in a page fault for a
+/// userfaultfd reader (its wait channel says so).
+fn waits_on_a_fault(tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/wchan"))
+        .is_ok_and(|w| w.contains("handle_userfault"))
+}
+
+/// Whether the runtime's reclaimer waits in a page fault (its copy-out met
+/// a missing page).
+fn reclaimer_waits_on_a_fault() -> bool {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .any(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            comm.trim() == "uswap-reclaim"
+                && t.file_name()
+                    .to_str()
+                    .and_then(|s| s.parse().ok())
+                    .is_some_and(waits_on_a_fault)
+        })
+}

@@ -888,13 +888,22 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
                     return Step::Done;
                 }
             }
-            // A page inside a resident (or untracked) folio that the program
-            // dropped: it reads as zero. An UNFIT folio changed with it, and
-            // goes back into reclaim.
-            RESIDENT | GONE => {
+            // A page inside a resident folio that the program dropped: it
+            // reads as zero. An UNFIT folio changed with it, and goes back
+            // into reclaim. Installed write-protected: the reclaimer may
+            // take the folio (it needs only the gate's read side, as this
+            // does) and protect and copy it out before this install lands,
+            // and a writable page would then take a write the copy does not
+            // hold, dropped with the page. The first write lifts the
+            // protection as a stale one (counted, see `Unprotects`).
+            RESIDENT => {
                 shared.requeue_unfit(space.id, &region, i);
-                return zero_page(space, page, false);
+                #[cfg(feature = "fault-injection")]
+                shared.hole_hold.stop_if_armed(|| true);
+                return zero_page(space, page, true);
             }
+            // A page of an untracked folio: nothing evicts it.
+            GONE => return zero_page(space, page, false),
             // A clean folio missing a page (the kernel freed one the program
             // had given up with MADV_FREE): its copy is no longer its
             // contents, so it goes before the page reads as zero.
@@ -986,8 +995,9 @@ fn serve_write_protected(
         // protection now would let the write in unseen.
         LOADING => (Step::Done, None),
         // Any other protection is stale (a child's copy of a page its parent
-        // was evicting, a folio whose eviction missed after a move, or one
-        // whose clean copy was dropped by an event).
+        // was evicting, a folio whose eviction missed after a move, one
+        // whose clean copy was dropped by an event, or a zero page put in a
+        // resident folio's hole).
         _ => (unprotect(space, page), one),
     }
 }

@@ -243,6 +243,11 @@ pub(crate) struct Shared {
     /// [`Runtime::hold_next_lift`]).
     #[cfg(feature = "fault-injection")]
     pub lift_hold: Hold,
+    /// Tests: a fault server stops just before it installs a zero page in
+    /// a hole of a resident folio, while armed (see
+    /// [`Runtime::hold_next_hole_fill`]).
+    #[cfg(feature = "fault-injection")]
+    pub hole_hold: Hold,
     /// Tests: times the event thread found the gate held when it came to
     /// read (see [`Runtime::gate_waits`]).
     #[cfg(feature = "fault-injection")]
@@ -445,6 +450,8 @@ impl Runtime {
             event_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             lift_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            hole_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             gate_waits: AtomicU64::new(0),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -872,6 +879,27 @@ impl Runtime {
     #[cfg(feature = "fault-injection")]
     pub fn release_lift(&self) {
         self.shared.lift_hold.release();
+    }
+
+    /// Tests: the next fault in a hole of a resident folio (a page the
+    /// program dropped) stops just before its zero page is installed, until
+    /// [`Runtime::release_hole_fill`].
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_hole_fill(&self) {
+        self.shared.hole_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until a fault is held before its
+    /// zero page; false if none was.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_hole_fill_held(&self) -> bool {
+        self.shared.hole_hold.wait_held()
+    }
+
+    /// Tests: lets the held fault go on.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_hole_fill(&self) {
+        self.shared.hole_hold.release();
     }
 
     /// Tests: how many times the event thread found the event gate held
