@@ -1016,14 +1016,22 @@ fn readahead(
         if shared.resident.load(Ordering::Relaxed) + region.folio_size > shared.reclaim_limit() {
             return;
         }
+        // Taken under the gate, as every folio is taken: the event
+        // handlers read and then set a settled folio's word while they hold
+        // the write side, and a folio taken between the two would be set
+        // GONE (its entries freed) under its new owner, or owned twice.
+        let Some(pass) = server.enter(shared) else {
+            return;
+        };
         let f = &region.folios[j];
         let w = f.load();
-        if folio::state(w) != SWAPPED
-            || !f.transition(
+        let taken = folio::state(w) == SWAPPED
+            && f.transition(
                 w,
                 folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA),
-            )
-        {
+            );
+        drop(pass);
+        if !taken {
             continue;
         }
         if swapin::swap_in(shared, space, region, j, server, true) == SwappedIn::Done {
