@@ -342,9 +342,21 @@ pub(crate) fn on_fork(
         for (i, f) in r.folios.iter().enumerate() {
             shared.unpark(parent.id, r, i);
             let w = f.load();
-            let extras = parent.extras_of(r, i, w);
+            let mut extras = parent.extras_of(r, i, w);
             let state = match folio::state(w) {
-                UNTOUCHED | ZEROING => UNTOUCHED,
+                UNTOUCHED => UNTOUCHED,
+                // The parent's zero fill installs the pages a move carried
+                // away where they went, in the parent only: the child owns
+                // no swap-in of them, and a fault of its there would wait
+                // for one for ever. They read as zeros there as plain
+                // registered memory; at the folio's own address they are
+                // gone, as unmapped ones are.
+                ZEROING => {
+                    for (lo, hi, _) in std::mem::take(&mut extras.moved) {
+                        extras.unmapped.insert_range(lo, hi);
+                    }
+                    UNTOUCHED
+                }
                 RESIDENT => RESIDENT,
                 // A load in progress has installed some pages, which the
                 // child has; it shares the entries for the others. Pages a
