@@ -526,10 +526,16 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         .expect("an evicted space reaches its memory");
     // Keep the plug sorted so that adjacent folios form runs.
     plug.sort_by_key(|v| (v.region.id, v.folio));
+    // Under the gate: a move of the region applied in between would give a
+    // count that says it came with an address from before it, and the checks
+    // against the count would then take whatever is at that address now
+    // for the folio.
+    let gate = shared.read_gate();
     for v in plug.iter_mut() {
         v.moves = v.region.moves.load(Ordering::Acquire);
         v.addr = v.region.folio_addr(v.folio);
     }
+    drop(gate);
     // Protections a fault server lifts from here on may cross this flush's
     // (see `Unprotects`): checked before each run is discarded.
     let mark = shared.unprotects.mark();
@@ -934,27 +940,49 @@ fn finish_folio(
     let fs = region.folio_size;
     let pages = region.pages_per_folio() as usize;
     let mut follow_ups = Vec::new();
-    let (gate, _) = settled_gate(shared, space, region.folio_addr(i), fs);
-    if !space.alive.load(Ordering::Acquire) {
-        // The process is gone (`events::release_space` left this folio to
-        // us): nothing to keep for it. Children it forked meanwhile still
-        // wait for the folio (INHERITING): they share what was stored, or
-        // keep the pages they have if nothing was.
-        let outcome = match &result {
-            Ok(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
-            Err(_) => Outcome::Resident,
-        };
-        events::resolve_inheritors(shared, space.id, region.id, i, outcome, &mut follow_ups);
-        if let Ok(range) = result {
-            shared.store.invalidate(range);
+    // The pages left in place are looked at under the settled gate, then
+    // the range is probed again: the program may have moved or unmapped it
+    // meanwhile (its event then waits unread, and the probe meets EAGAIN),
+    // and other memory mapped at the address since would pass for the
+    // folio's pages, staying where they were: its copy would be dropped.
+    let (gate, present) = loop {
+        let (gate, _) = settled_gate(shared, space, region.folio_addr(i), fs);
+        if !space.alive.load(Ordering::Acquire) {
+            // The process is gone (`events::release_space` left this folio to
+            // us): nothing to keep for it. Children it forked meanwhile still
+            // wait for the folio (INHERITING): they share what was stored, or
+            // keep the pages they have if nothing was.
+            let outcome = match &result {
+                Ok(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
+                Err(_) => Outcome::Resident,
+            };
+            events::resolve_inheritors(shared, space.id, region.id, i, outcome, &mut follow_ups);
+            if let Ok(range) = result {
+                shared.store.invalidate(range);
+            }
+            f.set(GONE);
+            space.take_extras(region, i);
+            shared.resident.fetch_sub(fs, Ordering::AcqRel);
+            drop(gate);
+            serve_follow_ups(shared, follow_ups);
+            return false;
         }
-        f.set(GONE);
-        space.take_extras(region, i);
-        shared.resident.fetch_sub(fs, Ordering::AcqRel);
-        drop(gate);
-        serve_follow_ups(shared, follow_ups);
-        return false;
-    }
+        let Ok(_) = result else {
+            break (gate, None);
+        };
+        let memory = space
+            .memory
+            .get()
+            .expect("an evicted space reaches its memory");
+        let present = memory.present_pages(region.folio_addr(i), fs);
+        match space.uffd.write_protect(region.folio_addr(i), fs, true) {
+            Err(UffdError::Again) => {
+                drop(gate);
+                std::thread::yield_now();
+            }
+            _ => break (gate, Some(present)),
+        }
+    };
     // Read, not taken: a fault where moved pages now live looks for them
     // in the extras (under the gate's read side, like this), and must find
     // them until they are installed.
@@ -973,12 +1001,7 @@ fn finish_folio(
     // count: where the program unmapped, moved or dropped part of it, what
     // is there now (new memory it mapped) is not the folio's.
     let mut partly_lost = false;
-    if let Some(range) = stored {
-        let memory = space
-            .memory
-            .get()
-            .expect("an evicted space reaches its memory");
-        let present = memory.present_pages(region.folio_addr(i), fs);
+    if let (Some(range), Some(present)) = (stored, present) {
         let holes = extras.holes();
         let own = |p: &usize| !holes.contains(*p);
         let stayed = (0..pages)
