@@ -118,7 +118,11 @@ impl DropPages for AgentLink {
         let bytes = (answer.moved as usize).min(len);
         Discarded {
             bytes,
-            again: bytes == 0 && matches!(answer.errno, libc::EAGAIN | libc::ENOENT),
+            // A move that stopped part way answers EAGAIN whatever stopped
+            // it (a page shared with a forked child or pinned, whose EBUSY
+            // comes only when it is the first): the rest is tried again,
+            // which says why.
+            again: answer.errno == libc::EAGAIN || (bytes == 0 && answer.errno == libc::ENOENT),
             shared: bytes < len && answer.errno == libc::EBUSY,
         }
     }

@@ -755,7 +755,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             at += bytes;
             maybe_gone |= bytes > 0 || !(again || busy);
             if again {
-                tries += 1;
+                // Only tries that moved nothing count: one that stopped
+                // part way goes on from there.
+                if bytes == 0 {
+                    tries += 1;
+                }
                 std::thread::yield_now();
                 continue;
             }

@@ -197,6 +197,14 @@ impl Scratch {
                     filled: n,
                     error: UffdError::Busy,
                 }) => (n / PAGE_SIZE * PAGE_SIZE, false, true),
+                // A move that stopped part way answers EAGAIN whatever
+                // stopped it (a page shared with a forked child or pinned,
+                // whose EBUSY comes only when it is the first): the rest is
+                // tried again, which says why.
+                Err(Partial {
+                    filled: n,
+                    error: UffdError::Again,
+                }) => (n / PAGE_SIZE * PAGE_SIZE, true, false),
                 // Not movable (or not all of it): the caller's drop in place
                 // deals with the rest, as it always did.
                 Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false, false),
