@@ -96,6 +96,13 @@ impl Inner {
                 break;
             };
             let entry = self.index.get(slot);
+            if entry == Entry::Busy {
+                // Being loaded or written: it may stay stored (a forked
+                // child's reference, a clean copy kept, a load that failed),
+                // and nothing else would queue it again.
+                self.lru.add(&self.index, slot);
+                continue;
+            }
             if !matches!(entry, Entry::Pool { .. } | Entry::Whole(Part { at: 0, .. })) {
                 continue;
             }
@@ -118,6 +125,8 @@ impl Inner {
                 unreachable!("checked above")
             };
             if !self.index.claim_if(slot, entry) {
+                // Taken by a load meanwhile (see above).
+                self.lru.add(&self.index, slot);
                 continue;
             }
             let stored = &mut stored[..len];
@@ -171,6 +180,10 @@ impl Inner {
             let belongs = matches!(entry, Entry::Whole(p) if p.at == at && p.order == head.order);
             if !belongs || !self.index.claim_if(slot, entry) {
                 self.unclaim(&members);
+                if entry == Entry::Busy || belongs {
+                    // Being loaded (see `writeback`): looked at again later.
+                    self.lru.add(&self.index, first);
+                }
                 return Ok(0);
             }
             members.push((slot, entry));
