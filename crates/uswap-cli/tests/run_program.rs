@@ -99,6 +99,35 @@ fn a_program_under_a_quarter_of_its_working_set_prints_what_it_prints_alone() {
     assert!(c["discarded_by_move"] > 0, "{c:?}");
 }
 
+/// Found in review: a process in a pid namespace of its own (a sandbox, a
+/// container, `unshare -p`) says its pid as it sees it, and the supervisor
+/// read /proc and the memory of whichever process has that number in its
+/// own namespace: process 1, refused ("cannot be managed"), or another
+/// process of the run, whose bytes would have been stored for this one's.
+/// The supervisor now takes the pid the kernel gives for the connection.
+#[test]
+fn a_program_in_a_pid_namespace_of_its_own_prints_what_it_prints_alone() {
+    let exe = build("memtest");
+    let alone = run(&mut Command::new(&exe));
+    assert!(alone.status.success());
+    let alone = text(&alone.stdout);
+    let stats = exe.with_extension("ns-stats");
+    let managed = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "56M", "--stats-file"])
+        .arg(&stats)
+        .args(["--", "unshare", "--pid", "--fork"])
+        .arg(&exe));
+    assert!(
+        managed.status.success(),
+        "{:?}: {}",
+        managed.status,
+        text(&managed.stderr)
+    );
+    assert_eq!(text(&managed.stdout), alone);
+    let c = counters(&stats);
+    assert!(c["zswpout"] > 0 && c["zswpin"] > 0, "{c:?}");
+}
+
 fn status_of(args: &[&str]) -> (ExitStatus, String) {
     let out = run(Command::new(USWAP).args(args));
     (out.status, text(&out.stderr))

@@ -46,6 +46,39 @@ pub struct Greeting {
     pub hello: Hello,
     /// The program's userfaultfd (none if it could not create one).
     pub uffd: Option<OwnedFd>,
+    /// The process's pid as this process sees it, for its /proc files and
+    /// its memory: the hello's is the process's own view, another number
+    /// where it runs in a pid namespace of its own (a sandbox, a
+    /// container, `unshare -p`), and maybe another process's here.
+    pub pid: libc::pid_t,
+}
+
+/// The pid of the process at the other end of `sock` when it connected, in
+/// this process's pid namespace (SO_PEERCRED: the kernel translates it).
+fn peer_pid(sock: &OwnedFd) -> io::Result<libc::pid_t> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket, and a ucred-sized buffer with its length.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if cred.pid <= 0 {
+        return Err(io::Error::other("the agent's process is not visible here"));
+    }
+    Ok(cred.pid)
 }
 
 impl AgentLink {
@@ -59,13 +92,14 @@ impl AgentLink {
         })?;
         let hello = Hello::decode(&packet)
             .ok_or_else(|| io::Error::other("not an agent of this uswap version"))?;
+        let pid = peer_pid(&sock)?;
         Ok((
             AgentLink {
                 sock,
-                pid: hello.pid,
+                pid,
                 seq: Mutex::new(0),
             },
-            Greeting { hello, uffd },
+            Greeting { hello, uffd, pid },
         ))
     }
 

@@ -314,7 +314,7 @@ struct Supervisor {
 impl Supervisor {
     /// Takes one agent connection: attach, manage, verdict.
     fn welcome(&self, sock: OwnedFd) {
-        let (link, Greeting { hello, uffd }) = match AgentLink::greet(sock) {
+        let (link, Greeting { hello, uffd, pid }) = match AgentLink::greet(sock) {
             Ok(g) => g,
             // An image that exec'd or exited while connecting (its agent
             // thread went with it) is no failure.
@@ -326,10 +326,10 @@ impl Supervisor {
         };
         let link = Arc::new(link);
         let refuse = |why: String| {
-            if is_gone(hello.pid) {
+            if is_gone(pid) {
                 return;
             }
-            eprintln!("uswap: process {} cannot be managed: {why}", hello.pid);
+            eprintln!("uswap: process {} cannot be managed: {why}", pid);
             let verdict = match self.fallback {
                 Fallback::Run => {
                     eprintln!("uswap: it runs without uswap (--fallback run)");
@@ -342,11 +342,11 @@ impl Supervisor {
                 }
             };
             if let Err(e) = link.verdict(verdict) {
-                say_unless_gone(hello.pid, e);
+                say_unless_gone(pid, e);
             }
         };
         if hello.forked {
-            return self.adopt(link, hello);
+            return self.adopt(link, hello, pid);
         }
         let Some(uffd) = uffd else {
             return refuse(format!(
@@ -356,7 +356,7 @@ impl Supervisor {
         };
         let attached = match self.rt.attach(
             uffd,
-            hello.pid,
+            pid,
             Some(hello.beacon as usize),
             Box::new(Dropper(link.clone())),
         ) {
@@ -372,28 +372,34 @@ impl Supervisor {
         // request can reach the agent before it, and its thread (started
         // on the verdict) reads every request after it.
         if let Err(e) = link.verdict(Verdict::Managed) {
-            return say_unless_gone(hello.pid, e);
+            return say_unless_gone(pid, e);
         }
         if let Err(e) = manage_new_memory(&served, self.rt.config().folio_size) {
-            if !is_gone(hello.pid) {
-                eprintln!(
-                    "uswap: reading the memory map of process {}: {e}",
-                    hello.pid
-                );
+            if !is_gone(pid) {
+                eprintln!("uswap: reading the memory map of process {}: {e}", pid);
             }
         }
         self.served.lock().expect("served lock").push(served);
     }
 
     /// A forked child of a served image asks to be evicted from too.
-    fn adopt(&self, link: Arc<AgentLink>, hello: uswap_protocol::Hello) {
+    fn adopt(&self, link: Arc<AgentLink>, hello: uswap_protocol::Hello, pid: libc::pid_t) {
+        // The child says which space is its by its thread id in a fault,
+        // which the kernel gives in the child's own pid namespace: where
+        // that is not this one, two children of different namespaces may
+        // say the same number, and one would be taken for the other. Such
+        // a child stays served (through its fork event's descriptor), just
+        // not compressed.
+        if pid != hello.pid {
+            if let Err(e) = link.verdict(Verdict::Unmanaged) {
+                say_unless_gone(pid, e);
+            }
+            return;
+        }
         // The verdict (with the child's descriptor) is sent before the
         // child is evicted from (see `welcome`).
         let verdict = |uffd: std::os::fd::BorrowedFd| link.adopted(uffd);
-        let attached = match self
-            .rt
-            .adopt(hello.pid, Box::new(Dropper(link.clone())), verdict)
-        {
+        let attached = match self.rt.adopt(pid, Box::new(Dropper(link.clone())), verdict) {
             Ok(a) => a,
             Err(e) => {
                 // Still served (through its fork event's descriptor), just
@@ -405,10 +411,10 @@ impl Supervisor {
                     Some(libc::ESRCH | libc::ENOENT | libc::EPIPE | libc::ECONNRESET)
                 );
                 if !gone {
-                    eprintln!("uswap: forked process {}: {e}", hello.pid);
+                    eprintln!("uswap: forked process {}: {e}", pid);
                 }
                 if let Err(e) = link.verdict(Verdict::Unmanaged) {
-                    say_unless_gone(hello.pid, e);
+                    say_unless_gone(pid, e);
                 }
                 return;
             }
