@@ -145,15 +145,27 @@ extern "C" fn init() {
 
 /// Writes one line to stderr, without allocating.
 fn say(parts: &[&str]) {
-    let out = |s: &str| {
-        // SAFETY: writing a borrowed buffer to stderr.
-        unsafe { libc::write(2, s.as_ptr().cast(), s.len()) };
+    // One write (no allocation here: see the module docs), so that the
+    // line is not cut by the program's own output in between.
+    const MAX: usize = 16;
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
     };
-    out("uswap agent: ");
-    for p in parts {
-        out(p);
+    let mut iov = [empty; MAX + 2];
+    let piece = |s: &str| libc::iovec {
+        iov_base: s.as_ptr() as *mut libc::c_void,
+        iov_len: s.len(),
+    };
+    iov[0] = piece("uswap agent: ");
+    let n = parts.len().min(MAX);
+    for (slot, p) in iov[1..].iter_mut().zip(&parts[..n]) {
+        *slot = piece(p);
     }
-    out("\n");
+    iov[n + 1] = piece("\n");
+    // SAFETY: every iovec points into a borrowed string that outlives the
+    // call; writev only reads them.
+    unsafe { libc::writev(2, iov.as_ptr(), (n + 2) as libc::c_int) };
 }
 
 fn errno() -> i32 {
