@@ -624,7 +624,19 @@ impl EventThread<'_> {
             }
         }
         self.pass = None;
-        busy
+        // A child that forked meanwhile (its event read where an install
+        // met EAGAIN) shares entries its parent held, and is not among
+        // those looked at: another round, as for follow-ups not served yet.
+        // Once no space holds anything stored, a fork copies pages, and
+        // its child loses nothing when the descriptors go.
+        let served_now = shared
+            .spaces
+            .read()
+            .expect("spaces lock")
+            .iter()
+            .filter(|s| s.owner != Owner::Runtime && s.alive.load(Ordering::Acquire))
+            .count();
+        busy || served_now != children.len() || !self.follow_ups.is_empty()
     }
 
     /// Unregisters the memory moves carried out of the runtime's regions
