@@ -71,27 +71,7 @@ fn text(b: &[u8]) -> String {
 /// happened.
 #[test]
 fn a_program_under_a_quarter_of_its_working_set_prints_what_it_prints_alone() {
-    let exe = build("memtest");
-    let alone = run(&mut Command::new(&exe));
-    assert!(alone.status.success());
-    let alone = text(&alone.stdout);
-    assert!(alone.contains("parent before fork: ok=1"), "{alone}");
-    assert!(alone.contains("done"), "{alone}");
-    let stats = exe.with_extension("stats");
-    let managed = run(Command::new(USWAP)
-        .args(["run", "--memory-high", "56M", "--stats-file"])
-        .arg(&stats)
-        .arg("--")
-        .arg(&exe));
-    assert!(
-        managed.status.success(),
-        "{:?}: {}",
-        managed.status,
-        text(&managed.stderr)
-    );
-    assert_eq!(text(&managed.stdout), alone);
-    let c = counters(&stats);
-    assert!(c["zswpout"] > 0 && c["zswpin"] > 0, "{c:?}");
+    let c = memtest_as_alone(&[]);
     assert!(c["forks"] > 0, "the fork was not served: {c:?}");
     // Its agent moves stored pages out (no REMOVE event to tell from the
     // program's own MADV_DONTNEED); only pages that cannot move, such as
@@ -107,15 +87,25 @@ fn a_program_under_a_quarter_of_its_working_set_prints_what_it_prints_alone() {
 /// The supervisor now takes the pid the kernel gives for the connection.
 #[test]
 fn a_program_in_a_pid_namespace_of_its_own_prints_what_it_prints_alone() {
+    memtest_as_alone(&["unshare", "--pid", "--fork"]);
+}
+
+/// Runs memtest alone, then under `uswap run` (through `launcher`, if any)
+/// with about a quarter of its working set (56M): the same output, and
+/// pages stored and loaded. Returns the run's counters.
+fn memtest_as_alone(launcher: &[&str]) -> std::collections::HashMap<String, u64> {
     let exe = build("memtest");
     let alone = run(&mut Command::new(&exe));
     assert!(alone.status.success());
     let alone = text(&alone.stdout);
-    let stats = exe.with_extension("ns-stats");
+    assert!(alone.contains("parent before fork: ok=1"), "{alone}");
+    assert!(alone.contains("done"), "{alone}");
+    let stats = exe.with_extension(format!("stats{}", launcher.len()));
     let managed = run(Command::new(USWAP)
         .args(["run", "--memory-high", "56M", "--stats-file"])
         .arg(&stats)
-        .args(["--", "unshare", "--pid", "--fork"])
+        .arg("--")
+        .args(launcher)
         .arg(&exe));
     assert!(
         managed.status.success(),
@@ -126,6 +116,7 @@ fn a_program_in_a_pid_namespace_of_its_own_prints_what_it_prints_alone() {
     assert_eq!(text(&managed.stdout), alone);
     let c = counters(&stats);
     assert!(c["zswpout"] > 0 && c["zswpin"] > 0, "{c:?}");
+    c
 }
 
 fn status_of(args: &[&str]) -> (ExitStatus, String) {
