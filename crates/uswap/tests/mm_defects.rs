@@ -3369,3 +3369,74 @@ fn reclaimer_waits_on_a_fault() -> bool {
                     .is_some_and(waits_on_a_fault)
         })
 }
+
+/// Found in review: a scan of another process registers what its read of
+/// the memory map said was private anonymous memory; a program that put a
+/// shared or file mapping there meanwhile (MAP_FIXED) raises no event (the
+/// range was not registered yet), and its memory was managed: a shared
+/// page's drop brings an old copy back over another process's change, and
+/// a file's private page dropped reads as the file's again. What is
+/// registered is now looked at again, and let go unless it is still private
+/// anonymous memory.
+#[test]
+fn a_range_that_became_shared_or_file_memory_is_not_managed() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (_rt, attached, _, _) = attached_self(Box::new(DropsInPlace));
+        let len = 4 * FOLIO;
+        // What a scan took for anonymous memory, now shared anonymous
+        // memory, and a private mapping of a memfd, each put there with
+        // MAP_FIXED.
+        let memfd = {
+            // SAFETY: a plain system call; the descriptor is owned below.
+            let fd = unsafe { libc::memfd_create(c"uswap-test".as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0, "memfd_create");
+            // SAFETY: a fresh descriptor nobody else owns.
+            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            // SAFETY: sizing our own memfd.
+            assert_eq!(
+                unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), len as i64) },
+                0
+            );
+            fd
+        };
+        for (what, flags, fd) in [
+            (
+                "shared anonymous",
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+            ),
+            (
+                "a memfd's private",
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&memfd),
+            ),
+        ] {
+            let at = folio_aligned_mapping(len);
+            // SAFETY: replacing the test's own fresh mapping.
+            let p = unsafe {
+                libc::mmap(
+                    at as *mut _,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags | libc::MAP_FIXED,
+                    fd,
+                    0,
+                )
+            };
+            assert_eq!(p as usize, at, "mapping {what} memory");
+            // SAFETY: writing the new mapping.
+            unsafe { std::ptr::write_bytes(at as *mut u8, 0x3C, len) };
+            assert!(
+                attached.manage(at, len).is_err(),
+                "{what} memory was managed"
+            );
+            let range = format!("{at:x}-{:x}", at + len);
+            assert!(
+                !registered_ranges().contains(&range),
+                "{what} memory was left registered"
+            );
+            // SAFETY: the test's own mapping.
+            unsafe { libc::munmap(at as *mut _, len) };
+        }
+    });
+}

@@ -218,6 +218,22 @@ impl Attached {
             other => io::Error::other(format!("registering {start:#x}+{len:#x}: {other}")),
         })?;
         let memory = self.space.memory.get().expect("attached memory");
+        // The caller read the process's mappings a moment ago, and an
+        // unregistered range raises no event when the program replaces it:
+        // what was registered is looked at again, and let go unless it is
+        // still the memory a runtime manages (a change since the
+        // registration raises an event, applied once the gate is let go).
+        if !memory.is_private_anonymous(start, end) {
+            return match self.space.uffd.unregister(start, len) {
+                Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("manage: {start:#x}+{len:#x} is not private anonymous memory"),
+                )),
+                Err(e) => Err(io::Error::other(format!(
+                    "unregistering {start:#x}+{len:#x}, which is not private anonymous memory: {e}"
+                ))),
+            };
+        }
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
         let region = Arc::new(RegionInner::new(
             id,

@@ -314,6 +314,25 @@ impl Memory {
         }
     }
 
+    /// Whether `start..end` is private anonymous memory now, wholly: the
+    /// only memory a runtime manages (a shared page's drop would bring an
+    /// old copy back over another process's change; a file's private page
+    /// dropped would read as the file's again; a huge page answers none of
+    /// the runtime's 4 KiB calls).
+    pub fn is_private_anonymous(&self, start: usize, end: usize) -> bool {
+        let maps = match self {
+            Memory::Own { maps, .. } | Memory::Remote { maps, .. } => maps,
+        };
+        let mut at = start;
+        while at < end {
+            match maps.kind_at(at) {
+                Some((_, hi, MappingKind::PrivateAnonymous)) => at = hi,
+                _ => return false,
+            }
+        }
+        true
+    }
+
     /// Whether any page of `start..end` is unmapped.
     pub fn any_unmapped(&self, start: usize, end: usize) -> bool {
         match self {
@@ -388,6 +407,11 @@ impl Maps {
 
     /// The mapping that holds `addr` now, if any.
     fn mapping_at(&self, addr: usize) -> Option<(usize, usize)> {
+        self.kind_at(addr).map(|(lo, hi, _)| (lo, hi))
+    }
+
+    /// The mapping that holds `addr` now, if any, and its kind.
+    fn kind_at(&self, addr: usize) -> Option<(usize, usize, MappingKind)> {
         use std::os::fd::AsRawFd;
         let mut q = ProcmapQuery {
             size: std::mem::size_of::<ProcmapQuery>() as u64,
@@ -400,7 +424,15 @@ impl Maps {
             // (no name or build id buffers).
             let r = unsafe { libc::ioctl(file.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
             if r == 0 {
-                return Some((q.vma_start as usize, q.vma_end as usize));
+                let kind = if q.inode == 0
+                    && q.vma_flags & PROCMAP_QUERY_VMA_SHARED == 0
+                    && q.vma_page_size == PAGE_SIZE as u64
+                {
+                    MappingKind::PrivateAnonymous
+                } else {
+                    MappingKind::Other
+                };
+                return Some((q.vma_start as usize, q.vma_end as usize, kind));
             }
             // No mapping holds it.
             if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
@@ -413,20 +445,42 @@ impl Maps {
     }
 }
 
-/// The mapping holding `addr` in a /proc/PID/maps listing.
-fn mapping_in(maps: &str, addr: usize) -> Option<(usize, usize)> {
-    maps.lines()
-        .filter_map(maps_range)
-        .find(|&(lo, hi)| lo <= addr && addr < hi)
+/// What a mapping is, as far as managing it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MappingKind {
+    /// Private, anonymous, of 4 KiB pages.
+    PrivateAnonymous,
+    /// Anything else: shared, of a file (shmem and memfd included), huge
+    /// pages.
+    Other,
 }
 
-/// The `start-end` range of one line of /proc/PID/maps.
-fn maps_range(line: &str) -> Option<(usize, usize)> {
-    let range = line.split_whitespace().next()?;
-    let (lo, hi) = range.split_once('-')?;
+/// `PROCMAP_QUERY_VMA_SHARED` (include/uapi/linux/fs.h).
+const PROCMAP_QUERY_VMA_SHARED: u64 = 8;
+
+/// The mapping holding `addr` in a /proc/PID/maps listing, and its kind.
+fn mapping_in(maps: &str, addr: usize) -> Option<(usize, usize, MappingKind)> {
+    maps.lines()
+        .filter_map(maps_line)
+        .find(|&(lo, hi, _)| lo <= addr && addr < hi)
+}
+
+/// One line of /proc/PID/maps (`start-end perms offset dev inode [path]`):
+/// its range and kind. A hugetlb mapping has an inode of its own.
+fn maps_line(line: &str) -> Option<(usize, usize, MappingKind)> {
+    let mut fields = line.split_whitespace();
+    let (lo, hi) = fields.next()?.split_once('-')?;
+    let perms = fields.next()?;
+    let inode = fields.nth(2)?;
+    let kind = if perms.ends_with('p') && inode == "0" {
+        MappingKind::PrivateAnonymous
+    } else {
+        MappingKind::Other
+    };
     Some((
         usize::from_str_radix(lo, 16).ok()?,
         usize::from_str_radix(hi, 16).ok()?,
+        kind,
     ))
 }
 
