@@ -308,6 +308,13 @@ pub struct Features {
     pub fork: bool,
 }
 
+/// The page `Uffd::is_alive` probes: the last below the 47-bit limit of
+/// every x86-64 address space, where at most a stack lies, which nothing
+/// registers. Not page 0: many kernels (their `validate_range` until a 2026
+/// change) refuse a range below `mmap_min_addr` with EINVAL before they
+/// look at the address space, so a probe there never saw it gone.
+const PROBE_PAGE: usize = (1 << 47) - 2 * PAGE_SIZE;
+
 impl Uffd {
     /// Opens a descriptor (through /dev/userfaultfd, else the syscall) and
     /// negotiates write-protect faults, thread ids, poison, and the remove,
@@ -503,9 +510,9 @@ impl Uffd {
     /// write-protect change of nothing answers `ESRCH` once it has exited.
     pub fn is_alive(&self) -> bool {
         // An empty range is refused before the address space is looked at,
-        // so probe one page far from anything mapped (ENOENT when alive).
+        // so probe one page that nothing registers (ENOENT when alive).
         !matches!(
-            self.write_protect(0, PAGE_SIZE, false),
+            self.write_protect(PROBE_PAGE, PAGE_SIZE, false),
             Err(UffdError::ProcessGone)
         )
     }
