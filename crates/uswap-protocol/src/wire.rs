@@ -94,11 +94,16 @@ pub fn recv(sock: i32) -> Result<Option<Received>, i32> {
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let raw = core::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
-                match fd {
-                    None => fd = Some(raw),
-                    Some(_) => {
-                        libc::close(raw);
+                // Every descriptor sent in one call comes in one message:
+                // the first is kept, any other closed.
+                let data = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for k in 0..data / core::mem::size_of::<i32>() {
+                    let raw = core::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>().add(k));
+                    match fd {
+                        None => fd = Some(raw),
+                        Some(_) => {
+                            libc::close(raw);
+                        }
                     }
                 }
             }
@@ -113,7 +118,8 @@ pub fn recv(sock: i32) -> Result<Option<Received>, i32> {
             }
             Ok(None)
         }
-        n if n == PACKET as isize => Ok(Some((buf, fd))),
+        // A longer packet comes cut to this size, and says so.
+        n if n == PACKET as isize && msg.msg_flags & libc::MSG_TRUNC == 0 => Ok(Some((buf, fd))),
         _ => {
             if let Some(fd) = fd {
                 // SAFETY: a descriptor received above, nobody else's.
@@ -138,4 +144,85 @@ pub fn abstract_addr(name: &[u8]) -> Option<(libc::sockaddr_un, libc::socklen_t)
     }
     let len = core::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
     Some((addr, len as libc::socklen_t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> [i32; 2] {
+        let mut fds = [0i32; 2];
+        // SAFETY: a plain system call writing two descriptors into `fds`.
+        let r =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        fds
+    }
+
+    fn is_open(fd: i32) -> bool {
+        // SAFETY: F_GETFD reads nothing but the descriptor table.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    }
+
+    /// Found in review: a peer sending three descriptors in one message
+    /// left two of them open in the receiver (only the first of a control
+    /// message was looked at).
+    #[test]
+    fn descriptors_past_the_first_are_closed() {
+        let [a, b] = pair();
+        let packet = [7u8; PACKET];
+        // Three descriptors of one message: copies of `a`'s peer end.
+        let sent = [b, b, b];
+        let mut control = [0u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: packet.as_ptr() as *mut _,
+            iov_len: PACKET,
+        };
+        // SAFETY: a zeroed msghdr is valid; its pointers go to live buffers,
+        // and the control message is written within `control`.
+        unsafe {
+            let mut msg: libc::msghdr = core::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(12) as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(12) as _;
+            core::ptr::copy_nonoverlapping(sent.as_ptr(), libc::CMSG_DATA(cmsg).cast(), 3);
+            assert_eq!(libc::sendmsg(a, &msg, 0), PACKET as isize);
+        }
+        let (got, fd) = recv(b).unwrap().unwrap();
+        assert_eq!(got, packet);
+        let fd = fd.expect("the first descriptor");
+        // The two others were given the next free numbers after it.
+        assert!(
+            !is_open(fd + 1) && !is_open(fd + 2),
+            "extra descriptors left open"
+        );
+        // SAFETY: closing our own descriptors.
+        unsafe {
+            libc::close(fd);
+            libc::close(a);
+            libc::close(b);
+        }
+    }
+
+    /// Found in review: a longer packet came cut to the packet size and was
+    /// taken for a whole one.
+    #[test]
+    fn a_longer_packet_is_refused() {
+        let [a, b] = pair();
+        let long = [1u8; 2 * PACKET];
+        // SAFETY: sending a live buffer.
+        let n = unsafe { libc::send(a, long.as_ptr().cast(), long.len(), 0) };
+        assert_eq!(n, long.len() as isize);
+        assert_eq!(recv(b).err(), Some(libc::EMSGSIZE));
+        // SAFETY: closing our own descriptors.
+        unsafe {
+            libc::close(a);
+            libc::close(b);
+        }
+    }
 }
