@@ -30,6 +30,14 @@ pub fn folio_size(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A number of seconds: finite, not negative.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1e9).contains(&v) => Ok(v),
+        _ => Err(format!("bad number of seconds {s:?}: expected 0 to 1e9")),
+    }
+}
+
 /// A directory that exists.
 pub fn existing_dir(s: &str) -> Result<PathBuf, String> {
     let p = PathBuf::from(s);
@@ -300,6 +308,27 @@ impl Discard {
 }
 
 impl RuntimeArgs {
+    /// What no single value's parser can say: values wrong together. A
+    /// message for a usage error (exit 2), before anything starts.
+    pub fn check(&self) -> Result<(), String> {
+        if (self.memory_high as usize) < self.folio_size {
+            return Err(format!(
+                "--memory-high {} is less than one folio (--folio-size {})",
+                self.memory_high, self.folio_size
+            ));
+        }
+        if self.swap_dir.is_some() {
+            let pages = self.swap_size / 4096;
+            if (self.swap_size as usize) < self.folio_size || pages > u64::from(u32::MAX) {
+                return Err(format!(
+                    "--swap-size {}: expected at least one folio ({}) and at most 2^32 pages (16T)",
+                    self.swap_size, self.folio_size
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The runtime configuration, with `share` of the memory limit.
     pub fn config(&self, share: usize) -> uswap::mm::RuntimeConfig {
         uswap::mm::RuntimeConfig {

@@ -76,6 +76,17 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse_from(args);
+    let checked = match &cli.command {
+        Command::Run(args) => args.check(),
+        Command::Usemem(args) => args.check(),
+        _ => Ok(()),
+    };
+    if let Err(e) = checked {
+        use clap::CommandFactory;
+        Cli::command()
+            .error(clap::error::ErrorKind::ValueValidation, e)
+            .exit();
+    }
     let result = match cli.command {
         Command::Bench { which } => match which {
             BenchCommand::Codecs(args) => bench::codecs::run(&args),

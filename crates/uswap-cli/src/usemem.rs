@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, value_parser = args::existing_dir)]
     data: Option<PathBuf>,
     /// Seconds to hold the memory after writing it.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = args::seconds)]
     sleep: f64,
     /// Skip reading everything back and checking it.
     #[arg(long)]
@@ -227,6 +227,26 @@ fn run_child(args: &Args, fill: &Fill, task: usize) -> Result<(), String> {
         serde_json::to_string(&(r, stats)).map_err(|e| e.to_string())?
     );
     Ok(())
+}
+
+impl Args {
+    /// Values wrong together, and an output file that cannot be written:
+    /// a usage error (exit 2) before anything runs.
+    pub fn check(&self) -> Result<(), String> {
+        self.runtime.check()?;
+        if let Some(json) = &self.json {
+            writable(json)?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates (or empties) `path` now, so that a results file that cannot be
+/// written is said before a run rather than after it.
+pub fn writable(path: &std::path::Path) -> Result<(), String> {
+    std::fs::File::create(path)
+        .map(drop)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 pub fn run(args: &Args) -> Result<(), String> {

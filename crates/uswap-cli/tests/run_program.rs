@@ -230,6 +230,67 @@ fn bad_flags_and_sizes_exit_2_with_a_message() {
     let (s, err) = status_of(&["run", "--", "/nonexistent/program"]);
     assert_eq!(s.code(), Some(1));
     assert!(err.contains("/nonexistent/program"), "{err}");
+    // Found by a check of bad values: these were taken (a limit below one
+    // folio raised to one folio, a swap file of no slot refused only once
+    // started, a stats file that cannot be written found out after the
+    // program ran, its exit status lost, a number of seconds of `inf`
+    // panicking after the work). Now usage errors before anything runs.
+    for (args, what) in [
+        (
+            &["run", "--memory-high", "0", "--", "echo", "STARTED"][..],
+            "memory-high",
+        ),
+        (
+            &["run", "--memory-high", "32k", "--", "echo", "STARTED"][..],
+            "memory-high",
+        ),
+        (
+            &[
+                "run",
+                "--swap-dir",
+                "/tmp",
+                "--swap-size",
+                "1",
+                "--",
+                "echo",
+                "STARTED",
+            ][..],
+            "swap-size",
+        ),
+        (
+            &[
+                "run",
+                "--stats-file",
+                "/nonexistent/stats",
+                "--",
+                "echo",
+                "STARTED",
+            ][..],
+            "/nonexistent/stats",
+        ),
+        (&["usemem", "1M", "--sleep", "inf"][..], "inf"),
+        (
+            &["usemem", "1M", "--json", "/nonexistent/out.json"][..],
+            "/nonexistent/out.json",
+        ),
+    ] {
+        let out = run(Command::new(USWAP).args(args));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(what),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            !text(&out.stdout).contains("STARTED"),
+            "{args:?} ran the program"
+        );
+    }
 }
 
 /// Under a seccomp filter that forbids userfaultfd (Docker's default

@@ -565,6 +565,19 @@ fn manage_new_memory(s: &Served, folio: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+impl Args {
+    /// Values wrong together, and a stats file that cannot be written: a
+    /// usage error (exit 2) before the program starts (after it, the
+    /// program's exit status would be lost to the error).
+    pub fn check(&self) -> Result<(), String> {
+        self.runtime.check()?;
+        if let Some(stats) = &self.stats_file {
+            crate::usemem::writable(stats)?;
+        }
+        Ok(())
+    }
+}
+
 pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     let mut config = args.runtime.config(1);
     config.serve_forks = true;
