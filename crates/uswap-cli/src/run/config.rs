@@ -8,18 +8,27 @@ use std::ffi::OsString;
 /// The variable naming a config file when `--config` is not given.
 pub const CONFIG_ENV: &str = "USWAP_CONFIG";
 
-/// The config file `uswap run` arguments name, if any (before `--`).
+/// The config file `uswap run` arguments name, if any: among uswap's own
+/// options, which end at `--` or at the program's name (its arguments are
+/// its own, a `--config` among them included). Every option of `uswap run`
+/// but `--help` takes a value.
 fn config_path(args: &[OsString]) -> Option<OsString> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        if a == "--" {
+        let Some(s) = a.to_str() else {
+            break;
+        };
+        if s == "--" || s == "-" || !s.starts_with('-') {
             break;
         }
-        if a == "--config" {
+        if s == "--config" {
             return it.next().cloned();
         }
-        if let Some(v) = a.to_str().and_then(|s| s.strip_prefix("--config=")) {
+        if let Some(v) = s.strip_prefix("--config=") {
             return Some(v.into());
+        }
+        if !s.contains('=') && s != "-h" && s != "--help" {
+            it.next();
         }
     }
     std::env::var_os(CONFIG_ENV)
@@ -102,5 +111,29 @@ mod tests {
         );
         assert!(options("memory-high 1G").is_err());
         assert!(options("--memory-high = 1G").is_err());
+    }
+
+    /// Found by a check of bad values: a `--config` among the program's
+    /// arguments (no `--` before the program) was taken for uswap's.
+    #[test]
+    fn a_programs_own_config_option_is_its_own() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        let program = Some(OsString::from("program's"));
+        for line in [
+            &["/bin/echo", "--config", "program's"][..],
+            &["--memory-high", "1G", "prog", "--config", "program's"][..],
+            &["--memory-high=1G", "prog", "--config=program's"][..],
+            &["--", "prog", "--config", "program's"][..],
+        ] {
+            assert_ne!(config_path(&args(line)), program, "{line:?}");
+        }
+        assert_eq!(
+            config_path(&args(&["--memory-high", "1G", "--config", "mine", "prog"])),
+            Some("mine".into())
+        );
+        assert_eq!(
+            config_path(&args(&["--compressor=zstd", "--config=mine", "prog"])),
+            Some("mine".into())
+        );
     }
 }
