@@ -38,6 +38,19 @@ pub fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Whether an output file can be written, found out before a run rather
+/// than after it: opened for writing (created if missing, its contents left
+/// as they are until the results are written).
+pub fn writable(path: &std::path::Path) -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(drop)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// A directory that exists.
 pub fn existing_dir(s: &str) -> Result<PathBuf, String> {
     let p = PathBuf::from(s);

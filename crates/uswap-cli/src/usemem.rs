@@ -235,18 +235,10 @@ impl Args {
     pub fn check(&self) -> Result<(), String> {
         self.runtime.check()?;
         if let Some(json) = &self.json {
-            writable(json)?;
+            args::writable(json)?;
         }
         Ok(())
     }
-}
-
-/// Creates (or empties) `path` now, so that a results file that cannot be
-/// written is said before a run rather than after it.
-pub fn writable(path: &std::path::Path) -> Result<(), String> {
-    std::fs::File::create(path)
-        .map(drop)
-        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 pub fn run(args: &Args) -> Result<(), String> {

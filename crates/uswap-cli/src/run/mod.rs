@@ -572,7 +572,7 @@ impl Args {
     pub fn check(&self) -> Result<(), String> {
         self.runtime.check()?;
         if let Some(stats) = &self.stats_file {
-            crate::usemem::writable(stats)?;
+            crate::args::writable(stats)?;
         }
         Ok(())
     }

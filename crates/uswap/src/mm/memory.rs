@@ -309,9 +309,7 @@ impl Memory {
 
     /// The mapping (VMA) that holds `addr` now, if any.
     pub fn mapping_at(&self, addr: usize) -> Option<(usize, usize)> {
-        match self {
-            Memory::Own { maps, .. } | Memory::Remote { maps, .. } => maps.mapping_at(addr),
-        }
+        self.maps().mapping_at(addr)
     }
 
     /// Whether `start..end` is private anonymous memory now, wholly: the
@@ -320,17 +318,21 @@ impl Memory {
     /// dropped would read as the file's again; a huge page answers none of
     /// the runtime's 4 KiB calls).
     pub fn is_private_anonymous(&self, start: usize, end: usize) -> bool {
-        let maps = match self {
-            Memory::Own { maps, .. } | Memory::Remote { maps, .. } => maps,
-        };
         let mut at = start;
         while at < end {
-            match maps.kind_at(at) {
+            match self.maps().kind_at(at) {
                 Some((_, hi, MappingKind::PrivateAnonymous)) => at = hi,
                 _ => return false,
             }
         }
         true
+    }
+
+    /// The process's list of mappings.
+    fn maps(&self) -> &Maps {
+        match self {
+            Memory::Own { maps, .. } | Memory::Remote { maps, .. } => maps,
+        }
     }
 
     /// Whether any page of `start..end` is unmapped.
