@@ -38,6 +38,13 @@ impl PageMask {
         self.0.iter().all(|&w| w == 0)
     }
 
+    /// Takes out every page of `other`.
+    pub fn remove(&mut self, other: &PageMask) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a &= !b;
+        }
+    }
+
     /// Adds every page of `other`.
     pub fn union(&mut self, other: &PageMask) {
         for (a, b) in self.0.iter_mut().zip(other.0) {

@@ -3440,3 +3440,86 @@ fn a_range_that_became_shared_or_file_memory_is_not_managed() {
         }
     });
 }
+
+/// MADV_DONTNEED of a whole region by one thread while another forks. The
+/// kernel zaps the pages only after the drop's REMOVE event is read, with
+/// the address space's lock taken again, and the fork copies the page
+/// tables under that lock: the child has either every old byte of the
+/// region (copied before the zap) or none (after). Its swapped-out folios
+/// must follow its resident ones: a child with the old bytes in its
+/// resident folios and zeros in its swapped ones has memory no run of the
+/// program alone could give it.
+#[test]
+fn a_fork_racing_a_drop_gives_the_child_all_of_its_memory_or_none() {
+    in_own_process(this_test!(), Duration::from_secs(120), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let mut outcomes = [0usize; 3];
+        for round in 0..150 {
+            let region = rt.map(2 * MIB).unwrap();
+            fill_and_evict(&rt, &region);
+            let base = region.as_ptr() as usize;
+            let len = region.len();
+            assert!(rt.is_swapped(base as *const u8) || rt.stats().evicted_folios > 0);
+            let go = Arc::new(AtomicBool::new(false));
+            let dropper = {
+                let go = go.clone();
+                std::thread::spawn(move || {
+                    while !go.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    // SAFETY: the test's own region, still mapped.
+                    assert_eq!(
+                        unsafe { libc::madvise(base as *mut _, len, libc::MADV_DONTNEED) },
+                        0
+                    );
+                })
+            };
+            go.store(true, Ordering::Release);
+            for _ in 0..(round % 12) * 200 {
+                std::hint::spin_loop();
+            }
+            // SAFETY: the child only reads memory and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let (mut old, mut zero) = (0usize, 0usize);
+                for i in 0..len / 8 {
+                    // SAFETY: the child's copy of the region.
+                    let v = unsafe { std::ptr::read_volatile((base + i * 8) as *const u64) };
+                    // (The word whose old value is zero counts as both.)
+                    if v == i as u64 ^ 0x5555 {
+                        old += 1;
+                    }
+                    if v == 0 {
+                        zero += 1;
+                    }
+                }
+                let code = if old == len / 8 {
+                    0
+                } else if zero == len / 8 {
+                    1
+                } else {
+                    2
+                };
+                // SAFETY: ends the child without running anything else.
+                unsafe { libc::_exit(code) };
+            }
+            dropper.join().unwrap();
+            let mut status = 0;
+            // SAFETY: reaping our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            assert!(libc::WIFEXITED(status), "child status {status:#x}");
+            outcomes[libc::WEXITSTATUS(status) as usize] += 1;
+            assert_ne!(
+                libc::WEXITSTATUS(status),
+                2,
+                "round {round}: the child read old bytes and zeros mixed (so far: {outcomes:?} all old, all zero, mixed)"
+            );
+            drop(region);
+        }
+        eprintln!(
+            "children with all old bytes, all zeros: {outcomes:?}; forks before a zap: {}",
+            rt.stats().forks_before_a_zap
+        );
+    });
+}

@@ -27,14 +27,21 @@
 //! its stored copy and is RESIDENT for every event, fork included: what the
 //! program does to its memory may make the copy wrong, and events are rare
 //! enough not to be worth telling apart.
+//!
+//! A drop is told before it is done: the kernel zaps the pages once the
+//! REMOVE is read, and a fork may copy the program in between. What the
+//! drop takes from swapped folios is therefore kept until the zap is seen
+//! done with no fork in flight, and a fork applied meanwhile asks its
+//! child which side of the zap it was copied on ([`UnsettledDrop`]).
 
 use super::folio::{
     self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
 };
-use super::space::{AtDestination, Extras, Owner, RegionInner, Space};
-use super::uffd::Uffd;
+use super::space::{AtDestination, Emptied, Extras, Owner, RegionInner, Space, UnsettledDrop};
+use super::uffd::{Partial, Uffd, UffdError};
 use super::Shared;
-use crate::page::PAGE_SIZE;
+use crate::page::{PageMask, PAGE_SIZE};
+use crate::zswap::SlotRange;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -102,6 +109,15 @@ fn folios_in(space: &Space, start: usize, end: usize) -> Vec<(Arc<RegionInner>, 
 /// pages after this event is read.
 pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize) {
     space.event_at_destinations(start, end, AtDestination::Dropped);
+    let mut drop = UnsettledDrop {
+        start,
+        end,
+        witness: None,
+        resident: Vec::new(),
+        emptied: Vec::new(),
+        holed: Vec::new(),
+        settled: false,
+    };
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
@@ -113,6 +129,10 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 .counters
                 .partial_folio_events
                 .fetch_add(1, Ordering::Relaxed);
+        }
+        if folio::state(w) == RESIDENT {
+            drop.resident
+                .push((region.folio_addr(i) + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE));
         }
         match folio::state(w) {
             // Its pages may still be there (see `folio::GIVEN_UP`), and the
@@ -130,18 +150,278 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
             // before the zap).
             RESIDENT => f.set(folio::dropped_at(w, shared.now_ms())),
             SWAPPED => {
+                let before = space.extras_of(&region, i, w);
                 space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
                 let x = space.extras_of(&region, i, f.load());
                 if x.holes().covers(pages) {
                     space.take_extras(&region, i);
                     f.set(x.all_holes_state());
-                    shared.store.invalidate(region.slots_of(w));
+                    drop.emptied.push(Emptied {
+                        region: region.id,
+                        folio: i,
+                        slots: region.slots_of(w),
+                        extras: before,
+                    });
+                } else {
+                    drop.holed
+                        .push((region.id, i, newly_holed(&before, lo, hi)));
                 }
             }
-            EVICTING | LOADING | ZEROING | INHERITING => {
+            // Its evictor, if it ends with every page a hole, hands the
+            // entries to the drop (see `keep_for_unsettled_drop`).
+            EVICTING => {
+                let before = space.extras_of(&region, i, w);
+                space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
+                drop.holed
+                    .push((region.id, i, newly_holed(&before, lo, hi)));
+            }
+            LOADING | ZEROING | INHERITING => {
                 space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi))
             }
             _ => {}
+        }
+    }
+    keep_until_zapped(shared, space, drop);
+}
+
+/// Pages `lo..hi` less those `before` had dropped already.
+fn newly_holed(before: &Extras, lo: usize, hi: usize) -> PageMask {
+    let mut holed = PageMask::default();
+    holed.insert_range(lo, hi);
+    holed.remove(&before.removed);
+    holed
+}
+
+/// An eviction of folio `i` ended with every page a hole, some made by a
+/// drop of the program's not yet settled: the drop takes the stored
+/// entries (as it would have had the folio been stored when the drop
+/// came), so that a child copied before the zap gets them. Returns whether
+/// one did; the caller lets them go otherwise. Under the gate.
+pub(crate) fn keep_for_unsettled_drop(
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    slots: SlotRange,
+    extras: &Extras,
+) -> bool {
+    if !space.has_unsettled_drops.load(Ordering::Acquire) {
+        return false;
+    }
+    let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
+    let Some((d, holed)) = drops.iter_mut().filter(|d| !d.settled).find_map(|d| {
+        let holed = d
+            .holed
+            .iter()
+            .find(|&&(r, f, _)| r == region.id && f == i)
+            .map(|&(_, _, h)| h)?;
+        Some((d, holed))
+    }) else {
+        return false;
+    };
+    let mut before = extras.clone();
+    before.removed.remove(&holed);
+    d.emptied.push(Emptied {
+        region: region.id,
+        folio: i,
+        slots,
+        extras: before,
+    });
+    true
+}
+
+/// Keeps what a drop took from swapped folios until its zap is surely
+/// done (see [`UnsettledDrop`]), or lets it go at once where nothing can
+/// tell: a space the runtime cannot look into (a forked child not adopted)
+/// has no witness to wait for.
+fn keep_until_zapped(shared: &Shared, space: &Space, mut drop: UnsettledDrop) {
+    if drop.emptied.is_empty() && drop.holed.is_empty() {
+        return;
+    }
+    let Some(memory) = space.memory.get() else {
+        release_drop(shared, drop);
+        return;
+    };
+    drop.witness = drop.resident.iter().find_map(|&(at, len)| {
+        let present = memory.present_pages(at, len);
+        (0..len / PAGE_SIZE)
+            .find(|&p| present.contains(p))
+            .map(|p| at + p * PAGE_SIZE)
+    });
+    space
+        .unsettled_drops
+        .lock()
+        .expect("unsettled drops lock")
+        .push(drop);
+    space.has_unsettled_drops.store(true, Ordering::Release);
+}
+
+/// Lets go of what a settled drop kept.
+fn release_drop(shared: &Shared, drop: UnsettledDrop) {
+    for e in drop.emptied {
+        shared.store.invalidate(e.slots);
+    }
+}
+
+/// Lets go of the drops of `space` whose zap is done, while no fork is in
+/// flight: a fork copied before the zap holds the mappings changing from
+/// its copy until its event is read (and, read, it has been applied), so
+/// one seen quiet after the zap was copied after it. Runs on the event
+/// thread under the gate's write side, after the events read are applied;
+/// `everything` lets all of them go (the space is gone, or the runtime
+/// ends).
+pub(crate) fn settle_drops(shared: &Shared, space: &Space, everything: bool) {
+    if !space.has_unsettled_drops.load(Ordering::Acquire) {
+        return;
+    }
+    let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
+    let memory = space.memory.get();
+    let mut changing = None;
+    let mut settled = Vec::new();
+    let mut k = 0;
+    while k < drops.len() {
+        let d = &drops[k];
+        let zapped = d.settled
+            || match (d.witness, memory) {
+                (Some(w), Some(m)) => m.present_pages(w, PAGE_SIZE).is_empty(),
+                _ => true,
+            };
+        if everything
+            || (zapped && (d.settled || !*changing.get_or_insert_with(|| space.uffd.is_changing())))
+        {
+            settled.push(drops.swap_remove(k));
+        } else {
+            k += 1;
+        }
+    }
+    space
+        .has_unsettled_drops
+        .store(!drops.is_empty(), Ordering::Release);
+    drop(drops);
+    for d in settled {
+        release_drop(shared, d);
+    }
+}
+
+/// The program unmapped or moved memory over `start..end`: drops there
+/// are let go, their addresses no longer the ones to ask a child about (a
+/// zero page mapped there in a child could land on other memory of its).
+fn forget_drops_over(shared: &Shared, space: &Space, start: usize, end: usize) {
+    if !space.has_unsettled_drops.load(Ordering::Acquire) {
+        return;
+    }
+    let gone: Vec<UnsettledDrop> = {
+        let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
+        let (gone, kept) = std::mem::take(&mut *drops)
+            .into_iter()
+            .partition(|d| d.start < end && start < d.end);
+        *drops = kept;
+        space
+            .has_unsettled_drops
+            .store(!drops.is_empty(), Ordering::Release);
+        gone
+    };
+    for d in gone {
+        release_drop(shared, d);
+    }
+}
+
+/// A fault at `page` of `space`: if it is a drop's witness and missing,
+/// the drop's zap is done, and with no change of the mappings in flight
+/// the drop is settled (see [`settle_drops`]). Runs under the gate's read
+/// side, before the fault is served: the install would make the witness
+/// present again, and the drop would wait for ever.
+pub(crate) fn witness_faulted(space: &Space, page: usize) {
+    let Some(memory) = space.memory.get() else {
+        return;
+    };
+    let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
+    let mut zapped_and_quiet = None;
+    for d in drops.iter_mut().filter(|d| d.witness == Some(page)) {
+        if *zapped_and_quiet.get_or_insert_with(|| {
+            memory.present_pages(page, PAGE_SIZE).is_empty() && !space.uffd.is_changing()
+        }) {
+            d.settled = true;
+        }
+    }
+}
+
+/// Whether the child behind `child` was copied before the zap of `drop`
+/// of its parent: it has a page there that the zap took from the parent.
+/// Asked by mapping the zero page where the child has none, which is what
+/// the page reads as in a child copied after the zap (a hole of a resident
+/// folio); only where the child's copy of the folio is resident, or
+/// untouched (the reclaimer makes a folio the program dropped whole
+/// UNTOUCHED once its pages are gone, see `folio::GIVEN_UP`). A child
+/// that cannot be asked (a change of its own mappings in flight) is taken
+/// as copied before: it keeps the old bytes. `regions` are the child's
+/// copies.
+fn copied_before_zap(child: &Space, regions: &[Arc<RegionInner>], drop: &UnsettledDrop) -> bool {
+    let has_page = |at: usize, len: usize| {
+        let hole = regions.iter().any(|r| {
+            r.holds(at)
+                && matches!(
+                    folio::state(r.folios[r.folio_of(at)].load()),
+                    RESIDENT | UNTOUCHED
+                )
+        });
+        hole && match child.uffd.zero_pages(at, len) {
+            Ok(()) => false,
+            Err(Partial {
+                error: UffdError::Exists | UffdError::Again,
+                ..
+            }) => true,
+            Err(Partial {
+                error: UffdError::NoMapping | UffdError::ProcessGone,
+                ..
+            }) => false,
+            Err(p) => panic!("asking a forked child for {at:#x}+{len:#x}: {}", p.error),
+        }
+    };
+    match drop.witness {
+        Some(w) => has_page(w, PAGE_SIZE),
+        None => drop.resident.iter().any(|&(at, len)| has_page(at, len)),
+    }
+}
+
+/// Gives a child copied before the zap of a drop of its parent's what the
+/// drop took from the swapped folios: the entries of those it emptied, the
+/// pages of those it holed (busy ones included: what they end as reaches
+/// the child through its extras). `regions` are the child's copies.
+fn undo_drop_in_child(
+    shared: &Shared,
+    child: &Space,
+    regions: &[Arc<RegionInner>],
+    drop: &UnsettledDrop,
+) {
+    let copy_of = |id: u32| regions.iter().find(|c| c.id == id);
+    for e in &drop.emptied {
+        let Some(copy) = copy_of(e.region) else {
+            continue;
+        };
+        let f = &copy.folios[e.folio];
+        // What the drop left it, unless the parent touched it since.
+        if !matches!(folio::state(f.load()), UNTOUCHED | GONE) {
+            continue;
+        }
+        assert!(
+            shared.store.share(e.slots),
+            "a kept drop's entries are gone"
+        );
+        child.take_extras(copy, e.folio);
+        f.set(folio::with_slot(SWAPPED, e.slots.first));
+        if !is_empty(&e.extras) {
+            child.update_extras(copy, e.folio, |x| *x = e.extras.clone());
+        }
+    }
+    for &(region, i, holed) in &drop.holed {
+        let Some(copy) = copy_of(region) else {
+            continue;
+        };
+        if matches!(
+            folio::state(copy.folios[i].load()),
+            SWAPPED | LOADING | INHERITING
+        ) {
+            child.update_extras(copy, i, |x| x.removed.remove(&holed));
         }
     }
 }
@@ -149,6 +429,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
 /// The program unmapped `start..end` (already gone from its page tables).
 pub(crate) fn on_unmap(shared: &Shared, space: &Space, start: usize, end: usize) {
     space.event_at_destinations(start, end, AtDestination::Unmapped);
+    forget_drops_over(shared, space, start, end);
     space.forget_strays(start, end);
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
@@ -235,6 +516,7 @@ pub(crate) fn on_remap(
     // there, before this event was read) is taken off here, lest two
     // regions track the same pages.
     on_unmap(shared, space, to, to + len);
+    forget_drops_over(shared, space, from, from + len);
     // A thread waiting on a fault in the old range waits on the old
     // addresses, which no install will wake now: wake it to retry.
     super::swapin::wake_range(space, from, len);
@@ -398,6 +680,21 @@ pub(crate) fn on_fork(
         }
         regions.push(copy);
     }
+    for d in parent
+        .unsettled_drops
+        .lock()
+        .expect("unsettled drops lock")
+        .iter()
+        .filter(|d| !d.settled)
+    {
+        if copied_before_zap(&space, &regions, d) {
+            undo_drop_in_child(shared, &space, &regions, d);
+            shared
+                .counters
+                .forks_before_a_zap
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
     *space.regions.write().expect("regions lock") = regions;
     shared.counters.forks.fetch_add(1, Ordering::Relaxed);
     space
@@ -518,6 +815,7 @@ pub(crate) fn resolve_inheritors(
 /// space gone.
 pub(crate) fn release_space(shared: &Shared, space: &Space) {
     space.alive.store(false, Ordering::Release);
+    settle_drops(shared, space, true);
     for region in space.regions.read().expect("regions lock").iter() {
         for (i, f) in region.folios.iter().enumerate() {
             shared.unpark(space.id, region, i);

@@ -245,6 +245,9 @@ impl EventThread<'_> {
         }
         self.origin = origins;
         self.origin.clear();
+        for space in &spaces {
+            events::settle_drops(shared, space, false);
+        }
         shared.forget_returned_drops(applied);
         shared.unapplied.store(false, Ordering::SeqCst);
         // Freed before the gate goes: a fork's prepare handler takes the
@@ -471,7 +474,9 @@ impl EventThread<'_> {
             let pollfds = &mut self.pollfds;
             pollfds.clear();
             let mut held = false;
+            let mut unsettled = false;
             pollfds.extend(shared.spaces.read().expect("spaces lock").iter().map(|s| {
+                unsettled |= s.has_unsettled_drops.load(Ordering::Acquire);
                 // A held space is left out (its pending events would wake
                 // the poll at once), and looked at again at once: the hold
                 // ends when the reclaimer's call returns, which yielding
@@ -497,6 +502,10 @@ impl EventThread<'_> {
                     std::thread::yield_now();
                 } else if spinning {
                     std::hint::spin_loop();
+                } else if unsettled {
+                    // No event to come and settle them: a pass with nothing
+                    // read looks at them again (see `events::settle_drops`).
+                    self.read_pending();
                 }
                 return;
             }
@@ -654,6 +663,9 @@ impl EventThread<'_> {
                     end - start
                 ),
             }
+        }
+        for space in self.shared.spaces.read().expect("spaces lock").iter() {
+            events::settle_drops(self.shared, space, true);
         }
         let placeholder = std::fs::File::open("/dev/null").expect("opening /dev/null");
         if let Some(scratch) = own.memory.get().and_then(|m| m.scratch()) {
@@ -839,6 +851,9 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
             .lock()
             .expect("beacon lock")
             .insert(fault.tid as i32, space.id);
+    }
+    if !fault.wp && space.has_unsettled_drops.load(Ordering::Acquire) {
+        events::witness_faulted(space, page);
     }
     if fault.wp {
         shared.unprotects.begin();

@@ -1049,7 +1049,9 @@ fn finish_folio(
             } else if extras.holes().covers(pages) && extras.moved.is_empty() {
                 space.take_extras(region, i);
                 f.set(extras.all_holes_state());
-                shared.store.invalidate(range);
+                if !events::keep_for_unsettled_drop(space, region, i, range, &extras) {
+                    shared.store.invalidate(range);
+                }
             } else if !extras.moved.is_empty() {
                 // Pages moved away meanwhile: put them where they live now
                 // (the extras stay until they are in place).

@@ -282,6 +282,57 @@ impl Extras {
     }
 }
 
+/// A drop (MADV_DONTNEED) of the program's that emptied or holed swapped
+/// folios, and whose zap may still be to come.
+///
+/// The kernel tells of a drop before it zaps the pages: the REMOVE event is
+/// read, then the dropping thread takes the address space's lock again and
+/// zaps the range (one mapping), as one step against a fork, which copies
+/// the page tables under the same lock. A fork between the read and the zap
+/// gives the child the range's resident pages with their old bytes; its
+/// swapped pages must then read their old bytes too, or the child would
+/// hold memory that no order of the two calls gives. So the entries of the
+/// swapped folios the drop emptied are kept here (the drop holds their
+/// user), and the holes it made in others are noted, until no fork can
+/// have been copied before the zap (`events::settle_drops`). A fork applied
+/// meanwhile asks its child which side of the zap it was copied on
+/// (`events::on_fork`).
+pub(crate) struct UnsettledDrop {
+    /// The range dropped.
+    pub start: usize,
+    pub end: usize,
+    /// A page of the range present when the event was applied: once it is
+    /// gone (or faults), the zap is done. None if there was none: the zap
+    /// has then nothing of the program's to take.
+    pub witness: Option<usize>,
+    /// The parts of resident folios the range covered (address, length):
+    /// where a child, forked while there was no witness, is asked whether
+    /// it has the old pages.
+    pub resident: Vec<(usize, usize)>,
+    /// Swapped folios the drop emptied, their entries' user the drop's now
+    /// (and evicted folios it emptied before they were stored).
+    pub emptied: Vec<Emptied>,
+    /// Swapped or busy folios it made holes in: region id, folio, and the
+    /// pages that became holes.
+    pub holed: Vec<(u32, usize, PageMask)>,
+    /// Set by a fault server that found the witness gone with no change of
+    /// the mappings in flight: nothing keeps the drop any more.
+    pub settled: bool,
+}
+
+/// A folio an unsettled drop emptied, with what a child copied before the
+/// zap gets back.
+pub(crate) struct Emptied {
+    /// Its region's id.
+    pub region: u32,
+    /// Its index.
+    pub folio: usize,
+    /// Its entries.
+    pub slots: SlotRange,
+    /// Its extras, less what the drop added.
+    pub extras: Extras,
+}
+
 /// Whose memory a space is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Owner {
@@ -337,6 +388,11 @@ pub(crate) struct Space {
     /// of this space out (`reclaim.rs`, `move_out`): nothing is read from
     /// the descriptor meanwhile.
     pub move_in_flight: AtomicBool,
+    /// The program's drops whose zap may still be to come (see
+    /// [`UnsettledDrop`]); `has_unsettled_drops` says whether there are any
+    /// without the lock, for the fault path.
+    pub unsettled_drops: Mutex<Vec<UnsettledDrop>>,
+    pub has_unsettled_drops: AtomicBool,
 }
 
 impl Space {
@@ -362,6 +418,8 @@ impl Space {
             events_held_for: AtomicU64::new(0),
             events_held_at: AtomicU32::new(0),
             move_in_flight: AtomicBool::new(false),
+            unsettled_drops: Mutex::new(Vec::new()),
+            has_unsettled_drops: AtomicBool::new(false),
         }
     }
 

@@ -86,6 +86,14 @@ struct UffdioMove {
 
 #[repr(C)]
 #[derive(Default)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+
+#[repr(C)]
+#[derive(Default)]
 struct UffdioPoison {
     range: UffdioRange,
     mode: u64,
@@ -97,6 +105,7 @@ const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
 const UFFDIO_UNREGISTER: u64 = ior(0x01, std::mem::size_of::<UffdioRange>());
 const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
 const UFFDIO_COPY: u64 = iowr(0x03, std::mem::size_of::<UffdioCopy>());
+const UFFDIO_ZEROPAGE: u64 = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
 const UFFDIO_MOVE: u64 = iowr(0x05, std::mem::size_of::<UffdioMove>());
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
 const UFFDIO_POISON: u64 = iowr(0x08, std::mem::size_of::<UffdioPoison>());
@@ -108,6 +117,7 @@ const REGISTER_MODE_WP: u64 = 2;
 const COPY_MODE_DONTWAKE: u64 = 1;
 const COPY_MODE_WP: u64 = 2;
 const WRITEPROTECT_MODE_WP: u64 = 1;
+const ZEROPAGE_MODE_DONTWAKE: u64 = 1;
 const POISON_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
@@ -481,6 +491,22 @@ impl Uffd {
         })
     }
 
+    /// Maps the kernel's zero page (read-only; a write copies it) at the
+    /// missing pages of the range, waking nobody; stops at the first page
+    /// already there ([`UffdError::Exists`]).
+    pub fn zero_pages(&self, start: usize, len: usize) -> Result<(), Partial> {
+        let mut z = UffdioZeropage {
+            range: range(start, len),
+            mode: ZEROPAGE_MODE_DONTWAKE,
+            zeropage: 0,
+        };
+        self.ioctl(UFFDIO_ZEROPAGE, &mut z)
+            .map_err(|error| Partial {
+                filled: z.zeropage.max(0) as usize,
+                error,
+            })
+    }
+
     /// Marks the missing pages of the range poisoned (a touch raises SIGBUS),
     /// waking nobody.
     pub fn poison(&self, start: usize, len: usize) -> Result<(), Partial> {
@@ -514,6 +540,18 @@ impl Uffd {
         !matches!(
             self.write_protect(PROBE_PAGE, PAGE_SIZE, false),
             Err(UffdError::ProcessGone)
+        )
+    }
+
+    /// Whether a change of the address space's mappings is in flight: an
+    /// event raised and unread, or read with its thread not yet on its way
+    /// (a fork counts from its copy of the page tables on). The kernel
+    /// refuses every install then (EAGAIN), and a write-protect change of
+    /// nothing says so before it looks for the range (ENOENT otherwise).
+    pub fn is_changing(&self) -> bool {
+        matches!(
+            self.write_protect(PROBE_PAGE, PAGE_SIZE, false),
+            Err(UffdError::Again)
         )
     }
 
