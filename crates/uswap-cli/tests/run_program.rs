@@ -464,6 +464,33 @@ fn two_processes_faulting_together_are_evicted_in_whole_batches() {
     );
 }
 
+/// One thread drops (MADV_DONTNEED) a block, half of it swapped out, while
+/// another forks: each child must find the block all as written or all
+/// zeros, as the kernel's zap is one step against the fork's copy. Before
+/// the drop kept what it took from swapped folios until its zap, 19 to 32
+/// children in 100 found the old bytes of the resident half and zeros for
+/// the swapped one.
+#[test]
+fn a_fork_racing_a_drop_gives_the_child_all_of_the_block_or_none() {
+    let exe = build("dropfork");
+    let stats = exe.with_extension("dropfork-stats");
+    let managed = run(Command::new(USWAP)
+        .args(["run", "--memory-high", "16M", "--stats-file"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&exe)
+        .args(["100", "8"]));
+    let out = text(&managed.stdout);
+    assert!(
+        managed.status.success() && out.contains("100 rounds, mixed 0"),
+        "{out}{}",
+        text(&managed.stderr)
+    );
+    let c = counters(&stats);
+    assert_eq!(c["forks"], 100, "{c:?}");
+    assert!(c["evicted_folios"] > 0, "{c:?}");
+}
+
 fn child_rss(out: &str) -> u64 {
     out.lines()
         .find_map(|l| l.strip_prefix("child ok "))
