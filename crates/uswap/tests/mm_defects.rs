@@ -3523,3 +3523,34 @@ fn a_fork_racing_a_drop_gives_the_child_all_of_its_memory_or_none() {
         );
     });
 }
+
+/// Found in review: MADV_FREE raises the same event as MADV_DONTNEED but
+/// leaves the pages in place, so a drop waiting for its zap to show (a
+/// page of the range gone) waited for ever, holding the entries of the
+/// swapped folios it freed. They go once the drop grace is over.
+#[test]
+fn madv_free_over_swapped_memory_lets_the_stored_entries_go() {
+    let rt = runtime(MIB, FOLIO, 8, false);
+    let region = rt.map(4 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let base = region.as_ptr() as usize;
+    let resident = (0..region.len() / FOLIO)
+        .map(|f| base + f * FOLIO)
+        .find(|&a| !rt.is_swapped(a as *const u8))
+        .expect("a resident folio");
+    let swapped = swapped_folio(&rt, base, region.len(), 0);
+    let stored = rt.stats().store.stored_pages;
+    assert!(stored > 0, "nothing was swapped out");
+    // SAFETY: the whole of the test's own region.
+    assert_eq!(
+        unsafe { libc::madvise(base as *mut _, region.len(), libc::MADV_FREE) },
+        0
+    );
+    assert!(
+        eventually(|| rt.stats().store.stored_pages == 0),
+        "the freed swapped folios' entries stayed ({} of {stored} pages; folios at {:#x} resident, {:#x} swapped)",
+        rt.stats().store.stored_pages,
+        resident - base,
+        swapped - base
+    );
+}

@@ -132,7 +132,8 @@ counters! {
     forks,
     /// Forks whose child was copied while a drop (MADV_DONTNEED) of its
     /// parent's was told but not yet done: the child got the old bytes of
-    /// the dropped swapped pages, as it has those of the resident ones.
+    /// the dropped swapped pages, as it has those of the resident ones
+    /// (one per fork, however many drops).
     forks_before_a_zap,
     /// Served address spaces (forked children, attached processes) found
     /// gone (exit or exec) and released.

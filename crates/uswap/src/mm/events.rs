@@ -109,13 +109,15 @@ fn folios_in(space: &Space, start: usize, end: usize) -> Vec<(Arc<RegionInner>, 
 /// pages after this event is read.
 pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize) {
     space.event_at_destinations(start, end, AtDestination::Dropped);
-    let mut drop = UnsettledDrop {
+    let mut unsettled = UnsettledDrop {
         start,
         end,
         witness: None,
         resident: Vec::new(),
         emptied: Vec::new(),
         holed: Vec::new(),
+        at_ms: shared.now_ms(),
+        zapped: false,
         settled: false,
     };
     for (region, i) in folios_in(space, start, end) {
@@ -131,7 +133,8 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 .fetch_add(1, Ordering::Relaxed);
         }
         if folio::state(w) == RESIDENT {
-            drop.resident
+            unsettled
+                .resident
                 .push((region.folio_addr(i) + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE));
         }
         match folio::state(w) {
@@ -156,14 +159,15 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 if x.holes().covers(pages) {
                     space.take_extras(&region, i);
                     f.set(x.all_holes_state());
-                    drop.emptied.push(Emptied {
+                    unsettled.emptied.push(Emptied {
                         region: region.id,
                         folio: i,
                         slots: region.slots_of(w),
                         extras: before,
                     });
                 } else {
-                    drop.holed
+                    unsettled
+                        .holed
                         .push((region.id, i, newly_holed(&before, lo, hi)));
                 }
             }
@@ -172,7 +176,8 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
             EVICTING => {
                 let before = space.extras_of(&region, i, w);
                 space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
-                drop.holed
+                unsettled
+                    .holed
                     .push((region.id, i, newly_holed(&before, lo, hi)));
             }
             LOADING | ZEROING | INHERITING => {
@@ -181,7 +186,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
             _ => {}
         }
     }
-    keep_until_zapped(shared, space, drop);
+    keep_until_zapped(shared, space, unsettled);
 }
 
 /// Pages `lo..hi` less those `before` had dropped already.
@@ -193,8 +198,8 @@ fn newly_holed(before: &Extras, lo: usize, hi: usize) -> PageMask {
 }
 
 /// An eviction of folio `i` ended with every page a hole, some made by a
-/// drop of the program's not yet settled: the drop takes the stored
-/// entries (as it would have had the folio been stored when the drop
+/// drop of the program's not yet settled: the drop (the newest such) takes
+/// the stored entries (as it would have had the folio been stored when the drop
 /// came), so that a child copied before the zap gets them. Returns whether
 /// one did; the caller lets them go otherwise. Under the gate.
 pub(crate) fn keep_for_unsettled_drop(
@@ -208,7 +213,7 @@ pub(crate) fn keep_for_unsettled_drop(
         return false;
     }
     let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
-    let Some((d, holed)) = drops.iter_mut().filter(|d| !d.settled).find_map(|d| {
+    let Some((d, holed)) = drops.iter_mut().rev().filter(|d| !d.settled).find_map(|d| {
         let holed = d
             .holed
             .iter()
@@ -233,62 +238,73 @@ pub(crate) fn keep_for_unsettled_drop(
 /// done (see [`UnsettledDrop`]), or lets it go at once where nothing can
 /// tell: a space the runtime cannot look into (a forked child not adopted)
 /// has no witness to wait for.
-fn keep_until_zapped(shared: &Shared, space: &Space, mut drop: UnsettledDrop) {
-    if drop.emptied.is_empty() && drop.holed.is_empty() {
+fn keep_until_zapped(shared: &Shared, space: &Space, mut unsettled: UnsettledDrop) {
+    if unsettled.emptied.is_empty() && unsettled.holed.is_empty() {
         return;
     }
     let Some(memory) = space.memory.get() else {
-        release_drop(shared, drop);
+        release_drop(shared, unsettled);
         return;
     };
-    drop.witness = drop.resident.iter().find_map(|&(at, len)| {
+    unsettled.witness = unsettled.resident.iter().find_map(|&(at, len)| {
         let present = memory.present_pages(at, len);
         (0..len / PAGE_SIZE)
             .find(|&p| present.contains(p))
             .map(|p| at + p * PAGE_SIZE)
     });
+    unsettled.zapped = unsettled.witness.is_none();
     space
         .unsettled_drops
         .lock()
         .expect("unsettled drops lock")
-        .push(drop);
+        .push(unsettled);
     space.has_unsettled_drops.store(true, Ordering::Release);
 }
 
 /// Lets go of what a settled drop kept.
-fn release_drop(shared: &Shared, drop: UnsettledDrop) {
-    for e in drop.emptied {
+fn release_drop(shared: &Shared, unsettled: UnsettledDrop) {
+    for e in unsettled.emptied {
         shared.store.invalidate(e.slots);
     }
 }
 
-/// Lets go of the drops of `space` whose zap is done, while no fork is in
-/// flight: a fork copied before the zap holds the mappings changing from
-/// its copy until its event is read (and, read, it has been applied), so
-/// one seen quiet after the zap was copied after it. Runs on the event
-/// thread under the gate's write side, after the events read are applied;
-/// `everything` lets all of them go (the space is gone, or the runtime
-/// ends).
+/// Lets go of the drops of `space` that no fork can still need: with the
+/// zap seen done, once the mappings are seen quiet (a fork copied before
+/// the zap holds them changing from its copy until its event is read, and
+/// then it has been applied), or once the witness is there again (an
+/// install put it back after the zap, which the kernel allows only while
+/// they are quiet). A witness still there past the drop grace is taken for
+/// pages the kernel keeps (MADV_FREE raises the same event and zaps
+/// nothing), and let go once quiet. Runs on the event thread under the
+/// gate's write side, after the events read are applied; `everything`
+/// lets all of them go (the space is gone, or the runtime ends).
 pub(crate) fn settle_drops(shared: &Shared, space: &Space, everything: bool) {
     if !space.has_unsettled_drops.load(Ordering::Acquire) {
         return;
     }
     let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
     let memory = space.memory.get();
-    let mut changing = None;
+    let now = shared.now_ms();
+    let grace = shared.config.drop_grace.as_millis();
+    let mut quiet = None;
     let mut settled = Vec::new();
+    // In order (a fork undoes the newest first, see `on_fork`).
     let mut k = 0;
     while k < drops.len() {
-        let d = &drops[k];
-        let zapped = d.settled
-            || match (d.witness, memory) {
-                (Some(w), Some(m)) => m.present_pages(w, PAGE_SIZE).is_empty(),
-                _ => true,
-            };
-        if everything
-            || (zapped && (d.settled || !*changing.get_or_insert_with(|| space.uffd.is_changing())))
-        {
-            settled.push(drops.swap_remove(k));
+        let d = &mut drops[k];
+        let present = match (d.witness, memory) {
+            (Some(w), Some(m)) => !m.present_pages(w, PAGE_SIZE).is_empty(),
+            _ => false,
+        };
+        let back = d.zapped && present;
+        d.zapped |= !present;
+        let waited = u128::from(now.wrapping_sub(d.at_ms)) >= grace;
+        let settle = everything
+            || d.settled
+            || back
+            || ((d.zapped || waited) && *quiet.get_or_insert_with(|| !space.uffd.is_changing()));
+        if settle {
+            settled.push(drops.remove(k));
         } else {
             k += 1;
         }
@@ -325,28 +341,32 @@ fn forget_drops_over(shared: &Shared, space: &Space, start: usize, end: usize) {
     }
 }
 
-/// A fault at `page` of `space`: if it is a drop's witness and missing,
-/// the drop's zap is done, and with no change of the mappings in flight
-/// the drop is settled (see [`settle_drops`]). Runs under the gate's read
-/// side, before the fault is served: the install would make the witness
-/// present again, and the drop would wait for ever.
-pub(crate) fn witness_faulted(space: &Space, page: usize) {
+/// A fault in the folio at `start..start + len` of `space`, before it is
+/// served (under the gate's read side): a drop's witness there that is
+/// missing says the zap is done, and the install to come may put it back,
+/// which `settle_drops` would otherwise not see. With the mappings quiet
+/// the drop is settled at once.
+pub(crate) fn fault_near_witness(space: &Space, start: usize, len: usize) {
     let Some(memory) = space.memory.get() else {
         return;
     };
     let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
-    let mut zapped_and_quiet = None;
-    for d in drops.iter_mut().filter(|d| d.witness == Some(page)) {
-        if *zapped_and_quiet.get_or_insert_with(|| {
-            memory.present_pages(page, PAGE_SIZE).is_empty() && !space.uffd.is_changing()
-        }) {
+    let mut quiet = None;
+    for d in drops.iter_mut() {
+        let Some(w) = d.witness.filter(|&w| start <= w && w < start + len) else {
+            continue;
+        };
+        if !d.zapped && memory.present_pages(w, PAGE_SIZE).is_empty() {
+            d.zapped = true;
+        }
+        if d.zapped && *quiet.get_or_insert_with(|| !space.uffd.is_changing()) {
             d.settled = true;
         }
     }
 }
 
-/// Whether the child behind `child` was copied before the zap of `drop`
-/// of its parent: it has a page there that the zap took from the parent.
+/// Whether the child behind `child` was copied before the zap of
+/// `unsettled`, a drop of its parent's: it has a page there that the zap took from the parent.
 /// Asked by mapping the zero page where the child has none, which is what
 /// the page reads as in a child copied after the zap (a hole of a resident
 /// folio); only where the child's copy of the folio is resident, or
@@ -355,7 +375,11 @@ pub(crate) fn witness_faulted(space: &Space, page: usize) {
 /// that cannot be asked (a change of its own mappings in flight) is taken
 /// as copied before: it keeps the old bytes. `regions` are the child's
 /// copies.
-fn copied_before_zap(child: &Space, regions: &[Arc<RegionInner>], drop: &UnsettledDrop) -> bool {
+fn copied_before_zap(
+    child: &Space,
+    regions: &[Arc<RegionInner>],
+    unsettled: &UnsettledDrop,
+) -> bool {
     let has_page = |at: usize, len: usize| {
         let hole = regions.iter().any(|r| {
             r.holds(at)
@@ -377,9 +401,12 @@ fn copied_before_zap(child: &Space, regions: &[Arc<RegionInner>], drop: &Unsettl
             Err(p) => panic!("asking a forked child for {at:#x}+{len:#x}: {}", p.error),
         }
     };
-    match drop.witness {
+    match unsettled.witness {
         Some(w) => has_page(w, PAGE_SIZE),
-        None => drop.resident.iter().any(|&(at, len)| has_page(at, len)),
+        None => unsettled
+            .resident
+            .iter()
+            .any(|&(at, len)| has_page(at, len)),
     }
 }
 
@@ -391,10 +418,10 @@ fn undo_drop_in_child(
     shared: &Shared,
     child: &Space,
     regions: &[Arc<RegionInner>],
-    drop: &UnsettledDrop,
+    unsettled: &UnsettledDrop,
 ) {
     let copy_of = |id: u32| regions.iter().find(|c| c.id == id);
-    for e in &drop.emptied {
+    for e in &unsettled.emptied {
         let Some(copy) = copy_of(e.region) else {
             continue;
         };
@@ -403,17 +430,32 @@ fn undo_drop_in_child(
         if !matches!(folio::state(f.load()), UNTOUCHED | GONE) {
             continue;
         }
+        // What the program unmapped of it since stays unmapped.
+        let mut extras = e.extras.clone();
+        let at = copy.folio_addr(e.folio);
+        for (lo, hi) in copy.gaps() {
+            let (lo, hi) = (copy.base() + lo, copy.base() + hi);
+            if lo < at + copy.folio_size && at < hi {
+                extras.unmapped.insert_range(
+                    (lo.max(at) - at) / PAGE_SIZE,
+                    (hi.min(at + copy.folio_size) - at).div_ceil(PAGE_SIZE),
+                );
+            }
+        }
+        if extras.holes().covers(copy.pages_per_folio() as usize) {
+            continue;
+        }
         assert!(
             shared.store.share(e.slots),
             "a kept drop's entries are gone"
         );
         child.take_extras(copy, e.folio);
         f.set(folio::with_slot(SWAPPED, e.slots.first));
-        if !is_empty(&e.extras) {
-            child.update_extras(copy, e.folio, |x| *x = e.extras.clone());
+        if !is_empty(&extras) {
+            child.update_extras(copy, e.folio, |x| *x = extras);
         }
     }
-    for &(region, i, holed) in &drop.holed {
+    for &(region, i, holed) in &unsettled.holed {
         let Some(copy) = copy_of(region) else {
             continue;
         };
@@ -680,20 +722,27 @@ pub(crate) fn on_fork(
         }
         regions.push(copy);
     }
+    // Newest first: an older drop's holes in a folio a newer one emptied
+    // are in that folio's kept extras, and come out once it is back.
+    let mut before_a_zap = false;
     for d in parent
         .unsettled_drops
         .lock()
         .expect("unsettled drops lock")
         .iter()
+        .rev()
         .filter(|d| !d.settled)
     {
         if copied_before_zap(&space, &regions, d) {
             undo_drop_in_child(shared, &space, &regions, d);
-            shared
-                .counters
-                .forks_before_a_zap
-                .fetch_add(1, Ordering::Relaxed);
+            before_a_zap = true;
         }
+    }
+    if before_a_zap {
+        shared
+            .counters
+            .forks_before_a_zap
+            .fetch_add(1, Ordering::Relaxed);
     }
     *space.regions.write().expect("regions lock") = regions;
     shared.counters.forks.fetch_add(1, Ordering::Relaxed);

@@ -852,9 +852,6 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
             .expect("beacon lock")
             .insert(fault.tid as i32, space.id);
     }
-    if !fault.wp && space.has_unsettled_drops.load(Ordering::Acquire) {
-        events::witness_faulted(space, page);
-    }
     if fault.wp {
         shared.unprotects.begin();
         let (step, lifted) = serve_write_protected(shared, fault, space, page);
@@ -874,6 +871,9 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
         // reads as zero.
         return zero_page(space, page, false);
     };
+    if !fault.wp && space.has_unsettled_drops.load(Ordering::Acquire) {
+        events::fault_near_witness(space, region.folio_addr(i), region.folio_size);
+    }
     let f = &region.folios[i];
     let own = space.is_evicted();
     // The reclaimer's own copy-out faults where memory it took for

@@ -40,8 +40,8 @@
 //! # Lock order
 //!
 //! `gate` -> `spaces` -> a space's `regions` -> `inheritors` -> a space's
-//! `unsettled_drops` -> a space's `extras` -> `fifo` / `given_up` / `own_drops` / `faults` / `reclaimed` /
-//! a region's `unmapped` (leaves). Folio
+//! `unsettled_drops` -> a space's `extras` -> `fifo` / `given_up` /
+//! `own_drops` / `faults` / `reclaimed` / a region's `unmapped` (leaves). Folio
 //! words are atomics; a busy state (ZEROING, LOADING, EVICTING) makes its
 //! setter the folio's only writer until it publishes the next state.
 //!

@@ -302,8 +302,8 @@ pub(crate) struct UnsettledDrop {
     pub start: usize,
     pub end: usize,
     /// A page of the range present when the event was applied: once it is
-    /// gone (or faults), the zap is done. None if there was none: the zap
-    /// has then nothing of the program's to take.
+    /// gone, the zap is done. None if there was none: the zap has then
+    /// nothing of the program's to take.
     pub witness: Option<usize>,
     /// The parts of resident folios the range covered (address, length):
     /// where a child, forked while there was no witness, is asked whether
@@ -315,8 +315,12 @@ pub(crate) struct UnsettledDrop {
     /// Swapped or busy folios it made holes in: region id, folio, and the
     /// pages that became holes.
     pub holed: Vec<(u32, usize, PageMask)>,
-    /// Set by a fault server that found the witness gone with no change of
-    /// the mappings in flight: nothing keeps the drop any more.
+    /// When the event was applied (`Shared::now_ms`).
+    pub at_ms: u32,
+    /// The zap was seen done (the witness gone; at once without one).
+    pub zapped: bool,
+    /// Set by a fault server that found the zap done with no change of the
+    /// mappings in flight: nothing keeps the drop any more.
     pub settled: bool,
 }
 
