@@ -153,6 +153,8 @@ pub(crate) fn install(
     let mut done = crate::page::PageMask::default();
     // A page skipped because it was there already or had no mapping.
     let mut skipped = false;
+    // The whole folio went in with one call that woke its waiters.
+    let mut woken = false;
     'attempts: loop {
         let Some(gate) = server.enter(shared) else {
             server.on_eagain();
@@ -177,8 +179,20 @@ pub(crate) fn install(
             {
                 q += 1;
             }
-            match fill(space, dst, p, q, source) {
+            // The common case, one run over the whole folio at its own
+            // place: the copy wakes the faulting thread itself, before the
+            // bookkeeping below (the pages are all there; a thread that
+            // faults on the folio meanwhile finds it busy and is woken
+            // again at the end, as a writer to protected pages would be,
+            // hence not with those).
+            let whole = p == 0 && q == pages && dst == at;
+            let filled = match source {
+                Source::Data(data) if whole => space.uffd.copy_waking(dst, data),
+                _ => fill(space, dst, p, q, source),
+            };
+            match filled {
                 Ok(()) => {
+                    woken = whole && matches!(source, Source::Data(_));
                     done.insert_range(p, q);
                     p = q;
                 }
@@ -257,7 +271,10 @@ pub(crate) fn install(
         }
         finish(&extras, !skipped);
         drop(gate);
-        let mut wake = vec![(at, region.folio_size)];
+        let mut wake = Vec::new();
+        if !woken {
+            wake.push((at, region.folio_size));
+        }
         wake.extend(extras.moved_ranges());
         return Installed::Done(Wake(wake));
     }
@@ -499,6 +516,8 @@ pub(crate) fn swap_in(
     });
     match read {
         Some(Installed::Done(wake)) => {
+            // The waiting threads first: what follows is bookkeeping.
+            wake.wake(space);
             if kept {
                 shared
                     .counters
@@ -508,7 +527,6 @@ pub(crate) fn swap_in(
                 shared.store.invalidate(range);
             }
             shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
-            wake.wake(space);
             SwappedIn::Done
         }
         Some(Installed::SpaceGone) => {
