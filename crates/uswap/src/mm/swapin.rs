@@ -16,8 +16,11 @@
 //!    the stored entries dropped, unless the folio was brought back for a
 //!    read and is published CLEAN: its pages went in write-protected and the
 //!    entries stay as its clean copy (see [`super::folio`]);
-//! 5. the waiting threads are woken (last, so that a thread that goes on
-//!    finds every bit of bookkeeping done).
+//! 5. the waiting threads are woken. Where the whole folio went in with one
+//!    copy, that copy woke them, before step 4: a thread that goes on may
+//!    find the folio's bookkeeping not yet done, but the runtime reads no
+//!    fault or event of the program's until the gate, held from the copy to
+//!    the end of step 4, is let go (see [`install`]).
 //!
 //! Unusable stored data (checksum, decompression or swap file read failure)
 //! poisons the folio's missing pages instead: every touch raises SIGBUS, the
@@ -139,7 +142,8 @@ pub(crate) fn with_zero_folio<R>(size: usize, f: impl FnOnce(&[u8]) -> R) -> R {
 /// source's, nor is it protected by a `Protected` install). Returns
 /// what to wake: the folio's whole range and every place its pages moved to
 /// (a thread may wait on a page that was skipped: it refaults and finds the
-/// folio settled).
+/// folio settled), less the folio's range where one copy put the whole
+/// folio in and woke its waiters itself.
 pub(crate) fn install(
     shared: &Shared,
     space: &Space,
@@ -180,11 +184,12 @@ pub(crate) fn install(
                 q += 1;
             }
             // The common case, one run over the whole folio at its own
-            // place: the copy wakes the faulting thread itself, before the
-            // bookkeeping below (the pages are all there; a thread that
-            // faults on the folio meanwhile finds it busy and is woken
-            // again at the end, as a writer to protected pages would be,
-            // hence not with those).
+            // place: the copy wakes the folio's waiters itself, before
+            // `finish` publishes it. No thread can then be told the folio
+            // is busy and left to wait for a wake that will not come:
+            // faults are read only under the gate's write side, and this
+            // holds its read side until `finish` is done. Not for protected
+            // installs, whose writers must find the folio settled.
             let whole = p == 0 && q == pages && dst == at;
             let filled = match source {
                 Source::Data(data) if whole => space.uffd.copy_waking(dst, data),
@@ -384,11 +389,15 @@ fn publish_settled(
         // Pages installed before a drop's event may be yet to be zapped.
         settled = shared.dropped_meanwhile(extras, settled);
     }
-    region.folios[i].set(settled);
+    // Counted before it is published: a region dropped meanwhile (under the
+    // gate's read side too) takes a RESIDENT folio off the count.
     if resident {
         shared
             .resident
             .fetch_add(region.folio_size, Ordering::AcqRel);
+    }
+    region.folios[i].set(settled);
+    if resident {
         if given_up {
             shared.queue_for_reclaim_first(space.id, region.id, i);
         } else {
@@ -505,6 +514,9 @@ pub(crate) fn swap_in(
                     && shared.unprotects.none_since(mark, space.id, start, len))
                 .then_some(range.first);
                 kept = publish_settled(shared, space, region, i, extras, active, clean_copy);
+                if !kept {
+                    shared.store.invalidate(range);
+                }
                 if active {
                     shared
                         .counters
@@ -516,17 +528,14 @@ pub(crate) fn swap_in(
     });
     match read {
         Some(Installed::Done(wake)) => {
-            // The waiting threads first: what follows is bookkeeping.
-            wake.wake(space);
+            shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
             if kept {
                 shared
                     .counters
                     .clean_installs
                     .fetch_add(1, Ordering::Relaxed);
-            } else {
-                shared.store.invalidate(range);
             }
-            shared.counters.pgmajfault.fetch_add(1, Ordering::Relaxed);
+            wake.wake(space);
             SwappedIn::Done
         }
         Some(Installed::SpaceGone) => {
