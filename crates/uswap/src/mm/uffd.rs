@@ -445,9 +445,17 @@ impl Uffd {
         self.ioctl(UFFDIO_REGISTER, &mut reg)
     }
 
-    /// Unregisters a range; threads blocked on it are woken.
+    /// Unregisters a range; threads blocked on it are woken. Where the
+    /// range holds no mapping, or one a userfaultfd cannot act on, the
+    /// kernel answers EINVAL (not ENOENT as elsewhere): taken as
+    /// [`UffdError::NoMapping`].
     pub fn unregister(&self, start: usize, len: usize) -> Result<(), UffdError> {
-        self.ioctl(UFFDIO_UNREGISTER, &mut range(start, len))
+        match self.ioctl(UFFDIO_UNREGISTER, &mut range(start, len)) {
+            Err(UffdError::Os(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Err(UffdError::NoMapping)
+            }
+            other => other,
+        }
     }
 
     /// Wakes the threads blocked on faults in the range.
