@@ -120,6 +120,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         zapped: false,
         settled: false,
     };
+    let mut resident_parts = 0;
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
@@ -132,11 +133,16 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
                 .partial_folio_events
                 .fetch_add(1, Ordering::Relaxed);
         }
-        if folio::state(w) == RESIDENT {
-            unsettled
-                .resident
-                .push((region.folio_addr(i) + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE));
+        // Where the range's pages may still be: resident folios, and
+        // folios being evicted (their pages stay until the eviction moves
+        // them out), after the resident ones.
+        let part = (region.folio_addr(i) + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE);
+        match folio::state(w) {
+            RESIDENT => unsettled.resident.insert(resident_parts, part),
+            EVICTING => unsettled.resident.push(part),
+            _ => {}
         }
+        resident_parts += usize::from(folio::state(w) == RESIDENT);
         match folio::state(w) {
             // Its pages may still be there (see `folio::GIVEN_UP`), and the
             // kernel has yet to zap them (`folio::DROPPED`).
@@ -366,15 +372,17 @@ pub(crate) fn fault_near_witness(space: &Space, start: usize, len: usize) {
 }
 
 /// Whether the child behind `child` was copied before the zap of
-/// `unsettled`, a drop of its parent's: it has a page there that the zap took from the parent.
-/// Asked by mapping the zero page where the child has none, which is what
-/// the page reads as in a child copied after the zap (a hole of a resident
-/// folio); only where the child's copy of the folio is resident, or
-/// untouched (the reclaimer makes a folio the program dropped whole
-/// UNTOUCHED once its pages are gone, see `folio::GIVEN_UP`). A child
-/// that cannot be asked (a change of its own mappings in flight) is taken
-/// as copied before: it keeps the old bytes. `regions` are the child's
-/// copies.
+/// `unsettled`, a drop of its parent's: it has a page there that the zap
+/// took from the parent. Asked by mapping the zero page where the child
+/// has none, which is what the page reads as in a child copied after the
+/// zap (a dropped page); only where the child's copy of the folio is
+/// resident, untouched (the reclaimer makes a folio the program dropped
+/// whole UNTOUCHED once its pages are gone, see `folio::GIVEN_UP`) or
+/// inheriting (its parent's was being evicted: a page the eviction moved
+/// out before the copy is missing too, and then reads as zero as well,
+/// the drop covering it). A child that cannot be asked (a change of its
+/// own mappings in flight) is taken as copied before: it keeps the old
+/// bytes. `regions` are the child's copies.
 fn copied_before_zap(
     child: &Space,
     regions: &[Arc<RegionInner>],
@@ -385,7 +393,7 @@ fn copied_before_zap(
             r.holds(at)
                 && matches!(
                     folio::state(r.folios[r.folio_of(at)].load()),
-                    RESIDENT | UNTOUCHED
+                    RESIDENT | UNTOUCHED | INHERITING
                 )
         });
         hole && match child.uffd.zero_pages(at, len) {

@@ -305,9 +305,10 @@ pub(crate) struct UnsettledDrop {
     /// gone, the zap is done. None if there was none: the zap has then
     /// nothing of the program's to take.
     pub witness: Option<usize>,
-    /// The parts of resident folios the range covered (address, length):
-    /// where a child, forked while there was no witness, is asked whether
-    /// it has the old pages.
+    /// The parts of resident folios the range covered (address, length),
+    /// then those of folios being evicted: where the witness is looked
+    /// for, and where a child, forked while there was none, is asked
+    /// whether it has the old pages.
     pub resident: Vec<(usize, usize)>,
     /// Swapped folios the drop emptied, their entries' user the drop's now
     /// (and evicted folios it emptied before they were stored).
