@@ -3563,3 +3563,49 @@ fn madv_free_over_swapped_memory_lets_the_stored_entries_go() {
         swapped - base
     );
 }
+
+/// Found in review: managing memory the runtime manages already made two
+/// regions track the same pages, each taking the other's evictions and
+/// swap-ins for its own. It is refused; memory mapped where the program
+/// unmapped part of a region is not the region's, and is taken.
+#[test]
+fn memory_managed_already_is_refused() {
+    let rt = runtime(16 * MIB, FOLIO, 8, false);
+    let base = folio_aligned_mapping(4 * FOLIO);
+    // SAFETY: a fresh private anonymous mapping of ours, kept mapped.
+    let region = unsafe { rt.manage(base as *mut u8, 4 * FOLIO) }.unwrap();
+    // SAFETY: as above: a part of it.
+    let again = unsafe { rt.manage((base + FOLIO) as *mut u8, FOLIO) };
+    assert_eq!(
+        again.err().map(|e| e.kind()),
+        Some(std::io::ErrorKind::InvalidInput),
+        "a part of a managed mapping was managed again"
+    );
+    let mapped = rt.map(2 * FOLIO).unwrap();
+    // SAFETY: the runtime's own mapping, which stays mapped.
+    let again = unsafe { rt.manage(mapped.as_ptr(), FOLIO) };
+    assert!(again.is_err(), "a mapped region was managed again");
+    // The program unmaps a folio of the region and maps new memory there.
+    let hole = base + 2 * FOLIO;
+    // SAFETY: our own mapping; the new one replaces the unmapped folio.
+    unsafe {
+        assert_eq!(libc::munmap(hole as *mut _, FOLIO), 0);
+        let at = libc::mmap(
+            hole as *mut _,
+            FOLIO,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        assert_eq!(at as usize, hole);
+    }
+    // SAFETY: the new mapping, kept mapped.
+    let new = unsafe { rt.manage(hole as *mut u8, FOLIO) }.expect("memory mapped in a hole");
+    let words = Words::of(&new);
+    words.write(0, 7);
+    assert_eq!(words.read(0), 7);
+    drop(new);
+    drop(mapped);
+    drop(region);
+}

@@ -548,6 +548,8 @@ impl Runtime {
     /// Dropping the region gives the mapping back intact (a folio whose
     /// stored data is unusable comes back poisoned: a touch raises SIGBUS).
     ///
+    /// Memory this runtime manages already is refused (InvalidInput).
+    ///
     /// # Safety
     /// `ptr..ptr + len` must be a private anonymous mapping that stays mapped
     /// while the region lives (the program may still move or unmap it
@@ -572,6 +574,23 @@ impl Runtime {
         // write side; entered before that, the new region would take the
         // older memory's event for its own and be given up whole.
         let _gate = shared.read_gate();
+        // Two regions over the same pages would each take the other's
+        // evictions and swap-ins for their own. (The parts of a region the
+        // program unmapped or moved away are not its any more.)
+        let end = base + len;
+        if own.overlapping(base, end).iter().any(|r| {
+            let (lo, hi) = (base.max(r.base()), end.min(r.base() + r.len));
+            !r.all_gone(&r.gaps(), lo, hi)
+        }) {
+            if owned {
+                // SAFETY: our own mapping, never handed out.
+                unsafe { libc::munmap(base as *mut _, len) };
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("manage: {base:#x}+{len:#x} is managed already"),
+            ));
+        }
         let id = shared.next_region.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(RegionInner::new(
             id,
