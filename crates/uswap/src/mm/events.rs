@@ -120,7 +120,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         zapped: false,
         settled: false,
     };
-    let mut resident_parts = 0;
+    let mut evicting = Vec::new();
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
@@ -138,11 +138,10 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         // them out), after the resident ones.
         let part = (region.folio_addr(i) + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE);
         match folio::state(w) {
-            RESIDENT => unsettled.resident.insert(resident_parts, part),
-            EVICTING => unsettled.resident.push(part),
+            RESIDENT => unsettled.resident.push(part),
+            EVICTING => evicting.push(part),
             _ => {}
         }
-        resident_parts += usize::from(folio::state(w) == RESIDENT);
         match folio::state(w) {
             // Its pages may still be there (see `folio::GIVEN_UP`), and the
             // kernel has yet to zap them (`folio::DROPPED`).
@@ -192,6 +191,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
             _ => {}
         }
     }
+    unsettled.resident.append(&mut evicting);
     keep_until_zapped(shared, space, unsettled);
 }
 
@@ -285,19 +285,11 @@ fn release_drop(shared: &Shared, unsettled: UnsettledDrop) {
 /// gate's write side, after the events read are applied; `everything`
 /// lets all of them go (the space is gone, or the runtime ends).
 pub(crate) fn settle_drops(shared: &Shared, space: &Space, everything: bool) {
-    if !space.has_unsettled_drops.load(Ordering::Acquire) {
-        return;
-    }
-    let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
     let memory = space.memory.get();
     let now = shared.now_ms();
     let grace = shared.config.drop_grace.as_millis();
     let mut quiet = None;
-    let mut settled = Vec::new();
-    // In order (a fork undoes the newest first, see `on_fork`).
-    let mut k = 0;
-    while k < drops.len() {
-        let d = &mut drops[k];
+    release_drops_where(shared, space, |d| {
         let present = match (d.witness, memory) {
             (Some(w), Some(m)) => !m.present_pages(w, PAGE_SIZE).is_empty(),
             _ => false,
@@ -305,11 +297,36 @@ pub(crate) fn settle_drops(shared: &Shared, space: &Space, everything: bool) {
         let back = d.zapped && present;
         d.zapped |= !present;
         let waited = u128::from(now.wrapping_sub(d.at_ms)) >= grace;
-        let settle = everything
+        everything
             || d.settled
             || back
-            || ((d.zapped || waited) && *quiet.get_or_insert_with(|| !space.uffd.is_changing()));
-        if settle {
+            || ((d.zapped || waited) && *quiet.get_or_insert_with(|| !space.uffd.is_changing()))
+    });
+}
+
+/// The program unmapped or moved memory over `start..end`: drops there
+/// are let go, their addresses no longer the ones to ask a child about (a
+/// zero page mapped there in a child could land on other memory of its).
+fn forget_drops_over(shared: &Shared, space: &Space, start: usize, end: usize) {
+    release_drops_where(shared, space, |d| d.start < end && start < d.end);
+}
+
+/// Lets go of the drops of `space` that `settle` picks (it may update
+/// each one it looks at), keeping the others in order: a fork undoes the
+/// newest first (see `on_fork`).
+fn release_drops_where(
+    shared: &Shared,
+    space: &Space,
+    mut settle: impl FnMut(&mut UnsettledDrop) -> bool,
+) {
+    if !space.has_unsettled_drops.load(Ordering::Acquire) {
+        return;
+    }
+    let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
+    let mut settled = Vec::new();
+    let mut k = 0;
+    while k < drops.len() {
+        if settle(&mut drops[k]) {
             settled.push(drops.remove(k));
         } else {
             k += 1;
@@ -320,29 +337,6 @@ pub(crate) fn settle_drops(shared: &Shared, space: &Space, everything: bool) {
         .store(!drops.is_empty(), Ordering::Release);
     drop(drops);
     for d in settled {
-        release_drop(shared, d);
-    }
-}
-
-/// The program unmapped or moved memory over `start..end`: drops there
-/// are let go, their addresses no longer the ones to ask a child about (a
-/// zero page mapped there in a child could land on other memory of its).
-fn forget_drops_over(shared: &Shared, space: &Space, start: usize, end: usize) {
-    if !space.has_unsettled_drops.load(Ordering::Acquire) {
-        return;
-    }
-    let gone: Vec<UnsettledDrop> = {
-        let mut drops = space.unsettled_drops.lock().expect("unsettled drops lock");
-        let (gone, kept) = std::mem::take(&mut *drops)
-            .into_iter()
-            .partition(|d| d.start < end && start < d.end);
-        *drops = kept;
-        space
-            .has_unsettled_drops
-            .store(!drops.is_empty(), Ordering::Release);
-        gone
-    };
-    for d in gone {
         release_drop(shared, d);
     }
 }
@@ -389,25 +383,26 @@ fn copied_before_zap(
     unsettled: &UnsettledDrop,
 ) -> bool {
     let has_page = |at: usize, len: usize| {
-        let hole = regions.iter().any(|r| {
+        let askable = regions.iter().any(|r| {
             r.holds(at)
                 && matches!(
                     folio::state(r.folios[r.folio_of(at)].load()),
                     RESIDENT | UNTOUCHED | INHERITING
                 )
         });
-        hole && match child.uffd.zero_pages(at, len) {
-            Ok(()) => false,
-            Err(Partial {
-                error: UffdError::Exists | UffdError::Again,
-                ..
-            }) => true,
-            Err(Partial {
-                error: UffdError::NoMapping | UffdError::ProcessGone,
-                ..
-            }) => false,
-            Err(p) => panic!("asking a forked child for {at:#x}+{len:#x}: {}", p.error),
-        }
+        askable
+            && match child.uffd.zero_pages(at, len) {
+                Ok(()) => false,
+                Err(Partial {
+                    error: UffdError::Exists | UffdError::Again,
+                    ..
+                }) => true,
+                Err(Partial {
+                    error: UffdError::NoMapping | UffdError::ProcessGone,
+                    ..
+                }) => false,
+                Err(p) => panic!("asking a forked child for {at:#x}+{len:#x}: {}", p.error),
+            }
     };
     match unsettled.witness {
         Some(w) => has_page(w, PAGE_SIZE),

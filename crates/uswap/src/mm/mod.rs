@@ -576,16 +576,15 @@ impl Runtime {
         let _gate = shared.read_gate();
         // Two regions over the same pages would each take the other's
         // evictions and swap-ins for their own. (The parts of a region the
-        // program unmapped or moved away are not its any more.)
+        // program unmapped or moved away are not its any more; a mapping
+        // the runtime made just now is no region's.)
         let end = base + len;
-        if own.overlapping(base, end).iter().any(|r| {
-            let (lo, hi) = (base.max(r.base()), end.min(r.base() + r.len));
-            !r.all_gone(&r.gaps(), lo, hi)
-        }) {
-            if owned {
-                // SAFETY: our own mapping, never handed out.
-                unsafe { libc::munmap(base as *mut _, len) };
-            }
+        if !owned
+            && own.overlapping(base, end).iter().any(|r| {
+                let (lo, hi) = (base.max(r.base()), end.min(r.base() + r.len));
+                !r.all_gone(&r.gaps(), lo, hi)
+            })
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("manage: {base:#x}+{len:#x} is managed already"),

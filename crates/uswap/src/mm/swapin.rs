@@ -190,14 +190,14 @@ pub(crate) fn install(
             // faults are read only under the gate's write side, and this
             // holds its read side until `finish` is done. Not for protected
             // installs, whose writers must find the folio settled.
-            let whole = p == 0 && q == pages && dst == at;
+            let waking = p == 0 && q == pages && dst == at && matches!(source, Source::Data(_));
             let filled = match source {
-                Source::Data(data) if whole => space.uffd.copy_waking(dst, data),
+                Source::Data(data) if waking => space.uffd.copy_waking(dst, data),
                 _ => fill(space, dst, p, q, source),
             };
             match filled {
                 Ok(()) => {
-                    woken = whole && matches!(source, Source::Data(_));
+                    woken = waking;
                     done.insert_range(p, q);
                     p = q;
                 }

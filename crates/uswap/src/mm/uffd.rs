@@ -467,17 +467,11 @@ impl Uffd {
     /// waking nobody; with `write_protect` the pages are installed
     /// write-protected. On error, [`Partial::filled`] says how far it got.
     pub fn copy(&self, dst: usize, src: &[u8], write_protect: bool) -> Result<(), Partial> {
-        let mut c = UffdioCopy {
-            dst: dst as u64,
-            src: src.as_ptr() as u64,
-            len: src.len() as u64,
-            mode: COPY_MODE_DONTWAKE | if write_protect { COPY_MODE_WP } else { 0 },
-            copy: 0,
-        };
-        self.ioctl(UFFDIO_COPY, &mut c).map_err(|error| Partial {
-            filled: c.copy.max(0) as usize,
-            error,
-        })
+        self.copy_in_mode(
+            dst,
+            src,
+            COPY_MODE_DONTWAKE | if write_protect { COPY_MODE_WP } else { 0 },
+        )
     }
 
     /// One UFFDIO_COPY of `src` to `dst` (whole pages, inside one mapping)
@@ -485,11 +479,15 @@ impl Uffd {
     /// are in: one call fewer than [`Uffd::copy`] and a wake. On error,
     /// [`Partial::filled`] says how far it got (the kernel woke that part).
     pub fn copy_waking(&self, dst: usize, src: &[u8]) -> Result<(), Partial> {
+        self.copy_in_mode(dst, src, 0)
+    }
+
+    fn copy_in_mode(&self, dst: usize, src: &[u8], mode: u64) -> Result<(), Partial> {
         let mut c = UffdioCopy {
             dst: dst as u64,
             src: src.as_ptr() as u64,
             len: src.len() as u64,
-            mode: 0,
+            mode,
             copy: 0,
         };
         self.ioctl(UFFDIO_COPY, &mut c).map_err(|error| Partial {
