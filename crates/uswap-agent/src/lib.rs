@@ -70,7 +70,8 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use uswap_protocol::{
-    wire, Dropped, Hello, Request, Verdict, AGENT_THREAD_NAME_C, PACKET, SOCKET_ENV_C,
+    wire, Dropped, Hello, MovedOut, Request, Verdict, AGENT_THREAD_NAME_C, DISCARD_RANGES, PACKET,
+    SOCKET_ENV_C,
 };
 
 /// The connection to the supervisor (-1: none).
@@ -780,16 +781,23 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
                 let answer = Dropped {
                     seq,
                     errno: drop_in_place(start as usize, len as usize),
-                    moved: 0,
                 };
-                if !answer_with(sock, &answer) {
+                if !answer_with(sock, &answer.encode()) {
                     return quit_quietly();
                 }
             }
-            Ok(Request::Discard { seq, start, len }) => {
-                let (moved, errno) = move_out(&mut scratch, start as usize, len as usize);
-                let answer = Dropped { seq, errno, moved };
-                if !answer_with(sock, &answer) {
+            Ok(Request::Discard { seq, count, ranges }) => {
+                let mut outcomes = [(0, 0); DISCARD_RANGES];
+                for (outcome, &(start, len)) in outcomes.iter_mut().zip(&ranges[..count]) {
+                    let (moved, errno) = move_out(&mut scratch, start as usize, len as usize);
+                    *outcome = (errno, moved);
+                }
+                let answer = MovedOut {
+                    seq,
+                    count,
+                    outcomes,
+                };
+                if !answer_with(sock, &answer.encode()) {
                     return quit_quietly();
                 }
             }
@@ -806,11 +814,11 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
 
 /// Sends an answer; false if the program took the connection (the caller
 /// quits quietly). A supervisor gone ends the program.
-fn answer_with(sock: i32, answer: &Dropped) -> bool {
+fn answer_with(sock: i32, answer: &[u8; PACKET]) -> bool {
     if !still_ours(sock) {
         return false;
     }
-    if !send_packet(sock, &answer.encode(), -1) {
+    if !send_packet(sock, answer, -1) {
         supervisor_gone();
     }
     true

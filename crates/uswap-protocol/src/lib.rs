@@ -3,7 +3,7 @@
 //!
 //! One unix `SOCK_SEQPACKET` connection per process image, to the abstract
 //! socket named in [`SOCKET_ENV`]. Every message is one fixed-size packet
-//! of native-endian words:
+//! of native-endian words ([`PACKET`] bytes, the unused words zero):
 //!
 //! ```text
 //! agent                                   supervisor
@@ -15,8 +15,9 @@
 //!                                               fork event)
 //!        <------- Verdict {Managed | Unmanaged | Exit}
 //!   (agent thread, if Managed)
-//!        <------- Discard {seq, start, len}   (moves, where the kernel can)
-//!   Dropped {seq, errno, moved} ----------->
+//!        <------- Discard {seq, ranges}      (moves, where the kernel can;
+//!                                             up to DISCARD_RANGES at once)
+//!   MovedOut {seq, (errno, moved) per range} ->
 //!        <------- Drop {seq, start, len}      (probe, then MADV_DONTNEED in place)
 //!   Dropped {seq, errno, moved: 0} -------->
 //!        <------- Release          (the supervisor lets go; the agent ends
@@ -43,7 +44,7 @@ pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
 
 /// Marks a Hello, and the protocol's version.
-pub const MAGIC: u64 = 0x7573_7761_7004;
+pub const MAGIC: u64 = 0x7573_7761_7005;
 
 /// The agent's first message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +78,9 @@ pub enum Verdict {
 }
 
 /// A request from the supervisor to the agent thread.
+// Not boxed: the agent must not allocate (it runs where the program's
+// malloc may be held), and one request at a time lives on its stack.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
     /// MADV_DONTNEED `start..start + len`, once a write-protect probe
@@ -93,54 +97,75 @@ pub enum Request {
     },
     /// The supervisor lets go of the program: the agent ends quietly.
     Release,
-    /// Moves the pages of `start..start + len` (at most a scratch's worth,
-    /// 2 MiB) out with UFFDIO_MOVE, through the program's userfaultfd, into
-    /// the agent's scratch (registered with that descriptor for
-    /// write-protect faults only), which the agent empties when it is full:
-    /// unlike a drop in place, this raises no REMOVE event. Answered with a
-    /// [`Dropped`] that says how many bytes from `start` went, and the
-    /// errno that stopped the move: EAGAIN (an event is unread) or ENOENT
+    /// Moves the pages of each of `ranges[..count]` (page-aligned start and
+    /// length, each at most a scratch's worth, 2 MiB) out with
+    /// UFFDIO_MOVE, through the program's userfaultfd, into the agent's
+    /// scratch (registered with that descriptor for write-protect faults
+    /// only), which the agent empties when it is full: unlike a drop in
+    /// place, this raises no REMOVE event. One request carries a whole
+    /// eviction batch's ranges, so that the batch costs one round trip to
+    /// the agent rather than one per range. Answered with a [`MovedOut`]
+    /// that says, per range, how many bytes from its start went and the
+    /// errno that stopped its move: EAGAIN (an event is unread) or ENOENT
     /// (the range is no longer wholly registered) before anything moved,
-    /// and the supervisor settles the events and asks again; any other,
-    /// and it drops the rest in place.
+    /// and the supervisor settles the events and asks again; any other, and
+    /// it drops the rest in place.
     Discard {
         /// Echoed in the answer.
         seq: u64,
-        /// Page-aligned start.
-        start: u64,
-        /// Length in bytes.
-        len: u64,
+        /// How many of `ranges` are asked for (at most [`DISCARD_RANGES`]).
+        count: usize,
+        /// (start, length) in bytes; those past `count` are zero.
+        ranges: [(u64, u64); DISCARD_RANGES],
     },
 }
 
-/// The agent's answer to a [`Request::Drop`] or a [`Request::Discard`].
+/// The most ranges one [`Request::Discard`] carries: a whole eviction
+/// batch (`compress_batchsize` is at most 32) of folios not adjacent.
+pub const DISCARD_RANGES: usize = 32;
+
+/// The agent's answer to a [`Request::Discard`]: per range asked for, in
+/// order, the errno that stopped its move (0: none) and the bytes from its
+/// start that moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MovedOut {
+    /// The request's.
+    pub seq: u64,
+    /// The request's count.
+    pub count: usize,
+    /// (errno, bytes moved) per range; those past `count` are zero.
+    pub outcomes: [(i32, u64); DISCARD_RANGES],
+}
+
+/// The agent's answer to a [`Request::Drop`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dropped {
     /// The request's.
     pub seq: u64,
-    /// 0, or the errno of madvise (a drop in place) or of the move (a
-    /// discard: see [`Request::Discard`]).
+    /// 0, or the errno of madvise.
     pub errno: i32,
-    /// Bytes from the start moved out (a discard).
-    pub moved: u64,
 }
 
-/// Bytes of every packet. Every kind of packet has codes of its own in its
-/// first word (requests 1, 2 and 4, answers 3, verdicts 11-13, hellos
-/// [`MAGIC`]),
-/// so that none can be read as another.
-pub const PACKET: usize = 48;
+/// Words of every packet: a code, a number, a count, and two words per
+/// range of a [`Request::Discard`] (or per outcome of a [`MovedOut`]).
+const WORDS: usize = 3 + 2 * DISCARD_RANGES;
 
-fn words(w: [u64; 6]) -> [u8; PACKET] {
+/// Bytes of every packet. Every kind of packet has codes of its own in its
+/// first word (requests 1, 2 and 4, answers 3 and 5, verdicts 11-13, hellos
+/// [`MAGIC`]), so that none can be read as another.
+pub const PACKET: usize = 8 * WORDS;
+
+/// A packet of `head` followed by zeros.
+fn words(head: &[u64]) -> [u8; PACKET] {
     let mut out = [0u8; PACKET];
-    for (k, v) in w.iter().enumerate() {
+    for (k, v) in head.iter().enumerate() {
         out[k * 8..k * 8 + 8].copy_from_slice(&v.to_ne_bytes());
     }
     out
 }
 
-fn unwords(b: &[u8; PACKET]) -> [u64; 6] {
-    let mut w = [0u64; 6];
+fn unwords(b: &[u8; PACKET]) -> [u64; WORDS] {
+    let mut w = [0u64; WORDS];
     for (k, v) in w.iter_mut().enumerate() {
         let mut x = [0u8; 8];
         x.copy_from_slice(&b[k * 8..k * 8 + 8]);
@@ -149,10 +174,41 @@ fn unwords(b: &[u8; PACKET]) -> [u64; 6] {
     w
 }
 
+/// A packet of `code`, `seq`, `count`, then `count` pairs of words.
+fn pairs(
+    code: u64,
+    seq: u64,
+    count: usize,
+    pairs: impl Iterator<Item = (u64, u64)>,
+) -> [u8; PACKET] {
+    let mut w = [0u64; WORDS];
+    w[0] = code;
+    w[1] = seq;
+    w[2] = count as u64;
+    for (k, (a, b)) in pairs.take(count.min(DISCARD_RANGES)).enumerate() {
+        w[3 + 2 * k] = a;
+        w[4 + 2 * k] = b;
+    }
+    words(&w)
+}
+
+/// The count and pairs of a packet [`pairs`] wrote; `None` for a count
+/// past [`DISCARD_RANGES`].
+fn unpairs(w: &[u64; WORDS]) -> Option<(usize, [(u64, u64); DISCARD_RANGES])> {
+    let count = usize::try_from(w[2])
+        .ok()
+        .filter(|&c| c <= DISCARD_RANGES)?;
+    let mut out = [(0, 0); DISCARD_RANGES];
+    for (k, pair) in out.iter_mut().enumerate().take(count) {
+        *pair = (w[3 + 2 * k], w[4 + 2 * k]);
+    }
+    Some((count, out))
+}
+
 impl Hello {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
-        words([
+        words(&[
             MAGIC,
             (self.pid as u32 as u64) | ((self.error as u32 as u64) << 32),
             self.own_start,
@@ -179,18 +235,11 @@ impl Hello {
 impl Verdict {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
-        words([
-            match self {
-                Verdict::Managed => 11,
-                Verdict::Unmanaged => 12,
-                Verdict::Exit => 13,
-            },
-            0,
-            0,
-            0,
-            0,
-            0,
-        ])
+        words(&[match self {
+            Verdict::Managed => 11,
+            Verdict::Unmanaged => 12,
+            Verdict::Exit => 13,
+        }])
     }
 
     /// Reads a packet.
@@ -208,9 +257,9 @@ impl Request {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
         match *self {
-            Request::Drop { seq, start, len } => words([1, seq, start, len, 0, 0]),
-            Request::Release => words([2, 0, 0, 0, 0, 0]),
-            Request::Discard { seq, start, len } => words([4, seq, start, len, 0, 0]),
+            Request::Drop { seq, start, len } => words(&[1, seq, start, len]),
+            Request::Release => words(&[2]),
+            Request::Discard { seq, count, ranges } => pairs(4, seq, count, ranges.into_iter()),
         }
     }
 
@@ -224,11 +273,14 @@ impl Request {
                 len: w[3],
             }),
             2 => Some(Request::Release),
-            4 => Some(Request::Discard {
-                seq: w[1],
-                start: w[2],
-                len: w[3],
-            }),
+            4 => {
+                let (count, ranges) = unpairs(&w)?;
+                Some(Request::Discard {
+                    seq: w[1],
+                    count,
+                    ranges,
+                })
+            }
             _ => None,
         }
     }
@@ -237,7 +289,7 @@ impl Request {
 impl Dropped {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
-        words([3, self.seq, self.errno as u32 as u64, self.moved, 0, 0])
+        words(&[3, self.seq, self.errno as u32 as u64])
     }
 
     /// Reads a packet.
@@ -246,7 +298,32 @@ impl Dropped {
         (w[0] == 3).then_some(Dropped {
             seq: w[1],
             errno: w[2] as u32 as i32,
-            moved: w[3],
+        })
+    }
+}
+
+impl MovedOut {
+    /// The packet.
+    pub fn encode(&self) -> [u8; PACKET] {
+        let outcomes = self.outcomes.iter().map(|&(e, m)| (e as u32 as u64, m));
+        pairs(5, self.seq, self.count, outcomes)
+    }
+
+    /// Reads a packet.
+    pub fn decode(b: &[u8; PACKET]) -> Option<MovedOut> {
+        let w = unwords(b);
+        if w[0] != 5 {
+            return None;
+        }
+        let (count, read) = unpairs(&w)?;
+        let mut outcomes = [(0, 0); DISCARD_RANGES];
+        for (o, &(e, m)) in outcomes.iter_mut().zip(&read) {
+            *o = (e as u32 as i32, m);
+        }
+        Some(MovedOut {
+            seq: w[1],
+            count,
+            outcomes,
         })
     }
 }
@@ -277,22 +354,48 @@ mod tests {
             len: 0x10000,
         };
         assert_eq!(Request::decode(&r.encode()), Some(r));
-        let m = Request::Discard {
-            seq: 8,
-            start: 0x2000,
-            len: 0x20000,
-        };
-        assert_eq!(Request::decode(&m.encode()), Some(m));
-        assert_eq!(Dropped::decode(&m.encode()), None);
+        let mut ranges = [(0, 0); DISCARD_RANGES];
+        for (k, r) in ranges.iter_mut().enumerate() {
+            *r = (0x2000 * (k as u64 + 1), 0x1000 * (k as u64 + 1));
+        }
+        for count in [1, 3, DISCARD_RANGES] {
+            let mut asked = [(0, 0); DISCARD_RANGES];
+            asked[..count].copy_from_slice(&ranges[..count]);
+            let m = Request::Discard {
+                seq: 8,
+                count,
+                ranges: asked,
+            };
+            assert_eq!(Request::decode(&m.encode()), Some(m));
+            assert_eq!(Dropped::decode(&m.encode()), None);
+            assert_eq!(MovedOut::decode(&m.encode()), None);
+            let mut outcomes = [(0, 0); DISCARD_RANGES];
+            for (k, o) in outcomes.iter_mut().enumerate().take(count) {
+                *o = (if k % 2 == 0 { 0 } else { libc::EBUSY }, 0x1000 * k as u64);
+            }
+            let a = MovedOut {
+                seq: 8,
+                count,
+                outcomes,
+            };
+            assert_eq!(MovedOut::decode(&a.encode()), Some(a));
+            assert_eq!(Request::decode(&a.encode()), None);
+            assert_eq!(Dropped::decode(&a.encode()), None);
+        }
+        // A count past the most a packet holds is not a request.
+        let mut bad = Request::Discard {
+            seq: 1,
+            count: 1,
+            ranges,
+        }
+        .encode();
+        bad[16..24].copy_from_slice(&(DISCARD_RANGES as u64 + 1).to_ne_bytes());
+        assert_eq!(Request::decode(&bad), None);
         assert_eq!(
             Request::decode(&Request::Release.encode()),
             Some(Request::Release)
         );
-        let d = Dropped {
-            seq: 9,
-            errno: 12,
-            moved: 0x3000,
-        };
+        let d = Dropped { seq: 9, errno: 12 };
         assert_eq!(Dropped::decode(&d.encode()), Some(d));
         // No kind of packet reads as another.
         assert_eq!(Dropped::decode(&r.encode()), None);

@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use uswap::mm::memory::{Discarded, DropError, DropPages};
-use uswap_protocol::{wire, Dropped, Hello, Request, Verdict, PACKET};
+use uswap_protocol::{wire, Dropped, Hello, MovedOut, Request, Verdict, DISCARD_RANGES, PACKET};
 
 /// One connected agent.
 pub struct AgentLink {
@@ -121,11 +121,14 @@ impl AgentLink {
 
 impl DropPages for AgentLink {
     fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
-        let answer = self.ask(|seq| Request::Drop {
-            seq,
-            start: start as u64,
-            len: len as u64,
-        })?;
+        let answer = self.ask(
+            |seq| Request::Drop {
+                seq,
+                start: start as u64,
+                len: len as u64,
+            },
+            |p| Dropped::decode(p).map(|d| (d.seq, d)),
+        )?;
         match answer.errno {
             0 => Ok(()),
             libc::ENOMEM => Err(DropError::Unmapped),
@@ -136,36 +139,69 @@ impl DropPages for AgentLink {
     }
 
     fn move_out(&self, start: usize, len: usize) -> Discarded {
-        // A link that broke moved nothing more; the drop in place that
-        // follows finds out what became of the process.
-        let Ok(answer) = self.ask(|seq| Request::Discard {
-            seq,
-            start: start as u64,
-            len: len as u64,
-        }) else {
-            return Discarded {
-                bytes: 0,
-                again: false,
-                shared: false,
-            };
-        };
-        let bytes = (answer.moved as usize).min(len);
-        Discarded {
-            bytes,
-            // A move that stopped part way answers EAGAIN whatever stopped
-            // it (a page shared with a forked child or pinned, whose EBUSY
-            // comes only when it is the first): the rest is tried again,
-            // which says why.
-            again: answer.errno == libc::EAGAIN || (bytes == 0 && answer.errno == libc::ENOENT),
-            shared: bytes < len && answer.errno == libc::EBUSY,
+        let mut out = Vec::with_capacity(1);
+        self.move_out_all(&[(start, len)], &mut out);
+        out[0]
+    }
+
+    /// One request per [`DISCARD_RANGES`] ranges: the agent moves them one
+    /// after the other and answers for all.
+    fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+        for chunk in ranges.chunks(DISCARD_RANGES) {
+            let mut asked = [(0, 0); DISCARD_RANGES];
+            for (a, &(start, len)) in asked.iter_mut().zip(chunk) {
+                *a = (start as u64, len as u64);
+            }
+            let answer = self.ask(
+                |seq| Request::Discard {
+                    seq,
+                    count: chunk.len(),
+                    ranges: asked,
+                },
+                |p| {
+                    MovedOut::decode(p)
+                        .filter(|m| m.count == chunk.len())
+                        .map(|m| (m.seq, m))
+                },
+            );
+            for (k, &(_, len)) in chunk.iter().enumerate() {
+                out.push(match &answer {
+                    // A link that broke moved nothing more; the drop in
+                    // place that follows finds out what became of the
+                    // process.
+                    Err(_) => Discarded {
+                        bytes: 0,
+                        again: false,
+                        shared: false,
+                    },
+                    Ok(a) => {
+                        let (errno, moved) = a.outcomes[k];
+                        let bytes = (moved as usize).min(len);
+                        Discarded {
+                            bytes,
+                            // A move that stopped part way answers EAGAIN
+                            // whatever stopped it (a page shared with a
+                            // forked child or pinned, whose EBUSY comes
+                            // only when it is the first): the rest is tried
+                            // again, which says why.
+                            again: errno == libc::EAGAIN || (bytes == 0 && errno == libc::ENOENT),
+                            shared: bytes < len && errno == libc::EBUSY,
+                        }
+                    }
+                });
+            }
         }
     }
 }
 
 impl AgentLink {
     /// Sends the request `make` builds with the next number, and waits for
-    /// its answer.
-    fn ask(&self, make: impl FnOnce(u64) -> Request) -> Result<Dropped, DropError> {
+    /// its answer, which `read` decodes into its number and contents.
+    fn ask<T>(
+        &self,
+        make: impl FnOnce(u64) -> Request,
+        read: impl FnOnce(&[u8; PACKET]) -> Option<(u64, T)>,
+    ) -> Result<T, DropError> {
         let mut seq = self.seq.lock().expect("agent link lock");
         *seq += 1;
         if send(self.sock.as_raw_fd(), &make(*seq).encode()).is_err() {
@@ -173,8 +209,8 @@ impl AgentLink {
         }
         // One request at a time (the lock is held): the answer is to it.
         match recv(self.sock.as_raw_fd()) {
-            Ok(Some((packet, _))) => match Dropped::decode(&packet) {
-                Some(d) if d.seq == *seq => Ok(d),
+            Ok(Some((packet, _))) => match read(&packet) {
+                Some((answered, t)) if answered == *seq => Ok(t),
                 _ => Err(DropError::Failed(io::Error::other(
                     "the agent answered something else",
                 ))),

@@ -107,6 +107,10 @@ impl DropPages for Dropper {
     fn move_out(&self, start: usize, len: usize) -> Discarded {
         self.0.move_out(start, len)
     }
+
+    fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+        self.0.move_out_all(ranges, out)
+    }
 }
 
 /// The program's pid, for the signal handlers (0: not started).

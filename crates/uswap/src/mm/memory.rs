@@ -84,6 +84,15 @@ pub trait DropPages: Send + Sync {
     /// pages cannot move), or that an event of the process is unread or the
     /// range no longer registered, so that nothing moved.
     fn move_out(&self, start: usize, len: usize) -> Discarded;
+
+    /// [`DropPages::move_out`] for each of `ranges` (start, length), in
+    /// order, its outcome pushed to `out`: where moving means asking
+    /// another thread (an agent in the process), the implementation asks
+    /// for them all at once, so that an eviction batch of folios that are
+    /// not adjacent costs one round trip, not one per folio.
+    fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+        out.extend(ranges.iter().map(|&(start, len)| self.move_out(start, len)));
+    }
 }
 
 /// The memory of an address space the runtime evicts from.
@@ -171,42 +180,50 @@ impl Memory {
         Ok(n as usize)
     }
 
-    /// Discards stored pages of `start..start + len` (at most
-    /// [`SCRATCH_LEN`]) without raising an event (see [`super::scratch`]):
-    /// how many bytes from `start` are gone that way, or that the move
-    /// waits for events to be read. The caller drops the rest with
+    /// Discards the stored pages of each of `ranges` (start, length; each at
+    /// most [`SCRATCH_LEN`]) without raising an event (see
+    /// [`super::scratch`]): per range, in order, pushed to `out`, how many
+    /// bytes from its start are gone that way, or that the move waits for
+    /// events to be read. The caller drops the rest with
     /// [`Memory::drop_pages`].
     ///
     /// The caller holds the settled event gate (`settled`), under which
-    /// every move of the program's mappings so far is in the bookkeeping. A
-    /// move in this process is made under it. Another process's pages are
-    /// moved by its agent thread, which may be slow to answer or never do
-    /// (a stopped program): the gate is let go first, as for a drop in
+    /// every move of the program's mappings so far is in the bookkeeping,
+    /// and checked every range under it. Moves in this process are made
+    /// under it. Another process's pages are moved by its agent thread (all
+    /// the ranges with one request), which may be slow to answer or never
+    /// do (a stopped program): the gate is let go first, as for a drop in
     /// place, lest the event thread stop reading every process's events
     /// meanwhile. The caller keeps that process's events unread until the
     /// answer (`reclaim.rs`, `move_out`), and the agent checks again, just
-    /// before its move, that no event is unread and the range is still
-    /// registered: whatever the program did to the range since the check
+    /// before each move, that no event is unread and the range is still
+    /// registered: whatever the program did to a range since the check
     /// waits unread, and the move is refused.
     pub fn discard_quietly(
         &self,
-        start: usize,
-        len: usize,
+        ranges: &[(usize, usize)],
         settled: std::sync::RwLockReadGuard<'_, ()>,
-    ) -> Discarded {
+        out: &mut Vec<Discarded>,
+    ) {
         match self {
             Memory::Own {
                 scratch: Some(scratch),
                 ..
-            } => scratch.discard(start, len),
-            Memory::Own { scratch: None, .. } | Memory::Remote { moves: false, .. } => Discarded {
-                bytes: 0,
-                again: false,
-                shared: false,
-            },
+            } => out.extend(
+                ranges
+                    .iter()
+                    .map(|&(start, len)| scratch.discard(start, len)),
+            ),
+            Memory::Own { scratch: None, .. } | Memory::Remote { moves: false, .. } => {
+                out.extend(ranges.iter().map(|_| Discarded {
+                    bytes: 0,
+                    again: false,
+                    shared: false,
+                }))
+            }
             Memory::Remote { dropper, .. } => {
                 drop(settled);
-                dropper.move_out(start, len)
+                dropper.move_out_all(ranges, out)
             }
         }
     }

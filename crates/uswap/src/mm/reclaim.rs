@@ -605,15 +605,17 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // Plug entries (first, count) whose drop the kernel refused because
     // their memory is locked; empty, and not allocated, in the usual case.
     let mut locked: Vec<(usize, usize)> = Vec::new();
-    let discard_runs = runs(plug, |k| results[k].is_ok())
+    let discard_runs: Vec<(usize, usize)> = runs(plug, |k| results[k].is_ok())
         .into_iter()
         .flat_map(|(first, count)| {
             let most = (SCRATCH_LEN / plug[first].region.folio_size).max(1);
             (0..count)
                 .step_by(most)
                 .map(move |k| (first + k, most.min(count - k)))
-        });
-    'runs: for run in discard_runs {
+        })
+        .collect();
+    let heads = move_out_together(shared, space, memory, plug, &discard_runs, mark);
+    'runs: for (run, mut head) in discard_runs.into_iter().zip(heads) {
         let (start, len) = run_range(plug, run);
         let (first, count) = run;
         let end = start + len;
@@ -652,102 +654,91 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         // the check finds the unmap event, and nothing is dropped.
         let mut refused_at: Option<usize> = None;
         while at < end {
-            // Under the settled gate every event up to now is applied and no
-            // other is meanwhile: a move of the region since the flush began
-            // (the write protection and copy-out may have acted on what it
-            // left behind, and the program may since have mapped something
-            // else at the old address) voids the copies here instead of
-            // discarding whatever lies there now.
-            // A move out raises no event, so it is made under the gate too
-            // (another process's, by its agent, once the gate is released,
-            // with none of the process's events read until it answers: see
-            // `move_out`); it is refused while an event is unread, and
-            // tried again once the events are in. A drop in
-            // place must wait for its event to be read, so it follows once
-            // the gate is released; the event thread then reads nothing more
-            // of the process until the drop has returned (see `fault.rs`,
-            // `read_raw`), which closes the window for a drop over one
-            // mapping: a drop never covers more than one.
-            let (settled, registered) = settled_gate(shared, space, at, end - at);
-            // Part of the range no longer registered: unmapped, and perhaps
-            // mapped anew by the program (whose pages a discard would take).
-            // So is memory the program unmapped, or moved, from a folio of
-            // the run (the probe passes over holes, and over memory
-            // registered since at the same address).
-            // A part the program gave up (REMOVE) may be written again: a
-            // MADV_FREE raises the same event as a MADV_DONTNEED but leaves
-            // the pages mapped, and a write before the write protection
-            // keeps them with their new bytes, which the copy holds. Taken
-            // as holes, they would read as zeros; the folio stays instead
-            // (a REMOVE from here on, with the folio protected, has no
-            // write behind it that a hole could lose).
-            let changed = !registered
-                || plug[first..first + count].iter().any(|v| {
-                    let word = v.region.folios[v.folio].load();
-                    let extras = space.extras_of(&v.region, v.folio, word);
-                    v.region.moves.load(Ordering::Acquire) != v.moves
-                        || !extras.unmapped.is_empty()
-                        || !extras.moved.is_empty()
-                        || !extras.removed.is_empty()
-                });
-            // A write let in by a protection lifted meanwhile would be lost
-            // with the discard: the copies are void then too.
-            let written = !shared.unprotects.none_since(mark, space.id, start, len);
-            if changed || written || tries > MOVE_TRIES {
-                // Once part of the run may have left, the copies may be all
-                // there is of it: they stay, and the rest of the run stays
-                // in memory. Each folio's finish then keeps the copy of one
-                // that has left, brings back one that left in part, and
-                // voids that of one still whole in place.
-                if !maybe_gone {
-                    void(&mut results);
-                }
-                continue 'runs;
-            }
-            if refused_at.take() == Some(at) {
-                // What cannot move (memory of other protection or
-                // locked), or all of it where nothing moves: dropped in
-                // place, up to the end of the piece. The drop waits for its event, which
-                // is read under the gate's write side.
-                drop(settled);
-                match drop_in_place(shared, space, memory, at, piece_end - at) {
-                    InPlace::Dropped => {}
-                    InPlace::Locked => {
-                        // The folios the piece covers (in part or whole).
-                        let fs = plug[first].region.folio_size;
-                        let lo = first + (at - start) / fs;
-                        let hi = first + (piece_end - start).div_ceil(fs);
-                        locked.push((lo, hi - lo));
-                    }
-                    InPlace::Changed => {
-                        // Nothing dropped: looked at again under the
-                        // settled gate, like a refused move, and the
-                        // mapping asked for again; a few times, then the
-                        // rest of the run stays (each folio's finish
-                        // decides, as above).
-                        drop_tries += 1;
-                        if drop_tries > MOVE_TRIES {
-                            continue 'runs;
+            // The run's first move was made with the others' (see
+            // `move_out_together`); what follows it (moves of what is left,
+            // drops in place) is checked and made here.
+            let discarded = match head.take() {
+                Some(first_move) => first_move,
+                None => {
+                    // Under the settled gate every event up to now is applied
+                    // and no other is meanwhile: a move of the region since the
+                    // flush began (the write protection and copy-out may have
+                    // acted on what it left behind, and the program may since
+                    // have mapped something else at the old address) voids the
+                    // copies here instead of discarding whatever lies there
+                    // now. A move out raises no event, so it is made under the
+                    // gate too (another process's, by its agent, once the gate
+                    // is released, with none of the process's events read until
+                    // it answers: see `move_out`); it is refused while an event
+                    // is unread, and tried again once the events are in. A drop
+                    // in place must wait for its event to be read, so it
+                    // follows once the gate is released; the event thread then
+                    // reads nothing more of the process until the drop has
+                    // returned (see `fault.rs`, `read_raw`), which closes the
+                    // window for a drop over one mapping: a drop never covers
+                    // more than one.
+                    let (settled, registered) = settled_gate(shared, space, &[(at, end - at)]);
+                    let changed = run_changed(shared, space, plug, run, registered[0], mark);
+                    if changed || tries > MOVE_TRIES {
+                        // Once part of the run may have left, the copies may be
+                        // all there is of it: they stay, and the rest of the
+                        // run stays in memory. Each folio's finish then keeps
+                        // the copy of one that has left, brings back one that
+                        // left in part, and voids that of one still whole in
+                        // place.
+                        if !maybe_gone {
+                            void(&mut results);
                         }
+                        continue 'runs;
+                    }
+                    if refused_at.take() == Some(at) {
+                        // What cannot move (memory of other protection or
+                        // locked), or all of it where nothing moves: dropped in
+                        // place, up to the end of the piece. The drop waits for
+                        // its event, which is read under the gate's write side.
+                        drop(settled);
+                        match drop_in_place(shared, space, memory, at, piece_end - at) {
+                            InPlace::Dropped => {}
+                            InPlace::Locked => {
+                                // The folios the piece covers (in part or
+                                // whole).
+                                let fs = plug[first].region.folio_size;
+                                let lo = first + (at - start) / fs;
+                                let hi = first + (piece_end - start).div_ceil(fs);
+                                locked.push((lo, hi - lo));
+                            }
+                            InPlace::Changed => {
+                                // Nothing dropped: looked at again under the
+                                // settled gate, like a refused move, and the
+                                // mapping asked for again; a few times, then
+                                // the rest of the run stays (each folio's
+                                // finish decides, as above).
+                                drop_tries += 1;
+                                if drop_tries > MOVE_TRIES {
+                                    continue 'runs;
+                                }
+                                piece_end = end;
+                                std::thread::yield_now();
+                                continue;
+                            }
+                        }
+                        at = piece_end;
                         piece_end = end;
-                        std::thread::yield_now();
                         continue;
                     }
+                    #[cfg(feature = "fault-injection")]
+                    {
+                        shared.move_hold.stop_if_armed(|| true);
+                        shared.move_hold.over();
+                    }
+                    move_out(shared, space, memory, &[(at, piece_end - at)], settled)[0]
                 }
-                at = piece_end;
-                piece_end = end;
-                continue;
-            }
-            #[cfg(feature = "fault-injection")]
-            {
-                shared.move_hold.stop_if_armed(|| true);
-                shared.move_hold.over();
-            }
+            };
             let Discarded {
                 bytes,
                 again,
                 shared: busy,
-            } = move_out(shared, space, memory, at, piece_end - at, settled);
+            } = discarded;
             shared
                 .counters
                 .discarded_by_move
@@ -950,7 +941,7 @@ fn finish_folio(
     // and other memory mapped at the address since would pass for the
     // folio's pages, staying where they were: its copy would be dropped.
     let (gate, present) = loop {
-        let (gate, _) = settled_gate(shared, space, region.folio_addr(i), fs);
+        let (gate, _) = settled_gate(shared, space, &[(region.folio_addr(i), fs)]);
         if !space.alive.load(Ordering::Acquire) {
             // The process is gone (`events::release_space` left this folio to
             // us): nothing to keep for it. Children it forked meanwhile still
@@ -1177,34 +1168,122 @@ const MOVE_TRIES: u32 = 8;
 /// Takes the event gate's read side at a moment when no event of the
 /// address space is pending: every move, unmap and drop that has happened is
 /// then in the bookkeeping, so a folio's address is where its pages are.
-/// The probe write-protects `start..start + len` of an evicting folio again,
-/// which changes nothing but answers EAGAIN while an event is unread; with
-/// the gate comes whether the whole range is still registered (ENOENT: a
-/// mapping in it is not; a hole passes since Linux 6.3, but its unmap
-/// event, applied by then, is in the folios' extras).
+/// The probe write-protects each of `ranges` (start, length) of evicting
+/// folios again, which changes nothing but answers EAGAIN while an event is
+/// unread; with the gate comes, per range, whether it is still wholly
+/// registered (ENOENT: a mapping in it is not; a hole passes since Linux
+/// 6.3, but its unmap event, applied by then, is in the folios' extras).
 fn settled_gate<'a>(
     shared: &'a Shared,
     space: &Space,
-    start: usize,
-    len: usize,
-) -> (std::sync::RwLockReadGuard<'a, ()>, bool) {
-    loop {
+    ranges: &[(usize, usize)],
+) -> (std::sync::RwLockReadGuard<'a, ()>, Vec<bool>) {
+    let mut registered = Vec::with_capacity(ranges.len());
+    'settle: loop {
         let gate = shared.read_gate();
-        match space.uffd.write_protect(start, len, true) {
-            Err(UffdError::Again) => {
-                drop(gate);
-                std::thread::yield_now();
+        registered.clear();
+        for &(start, len) in ranges {
+            match space.uffd.write_protect(start, len, true) {
+                Err(UffdError::Again) => {
+                    drop(gate);
+                    std::thread::yield_now();
+                    continue 'settle;
+                }
+                Ok(()) => registered.push(true),
+                Err(UffdError::NoMapping | UffdError::ProcessGone) => registered.push(false),
+                Err(e) => panic!("write-protecting {start:#x}: {e}"),
             }
-            Ok(()) => return (gate, true),
-            Err(UffdError::NoMapping | UffdError::ProcessGone) => return (gate, false),
-            Err(e) => panic!("write-protecting {start:#x}: {e}"),
         }
+        return (gate, registered);
     }
 }
 
-/// Moves the stored pages of `start..start + len` out of `space` without an
-/// event (`Memory::discard_quietly`), the range having been checked under
-/// `settled`.
+/// Whether run `run` of the plug must not be discarded, as found under the
+/// settled gate (`registered`: whether its range, from where it is still to
+/// go on, is wholly registered).
+///
+/// Part of the range no longer registered: unmapped, and perhaps mapped
+/// anew by the program (whose pages a discard would take). So is memory the
+/// program unmapped, or moved, from a folio of the run (the probe passes
+/// over holes, and over memory registered since at the same address), and
+/// a move of the region since the flush began (the write protection and
+/// copy-out may have acted on what it left behind, and the program may
+/// since have mapped something else at the old address).
+///
+/// A part the program gave up (REMOVE) may be written again: a MADV_FREE
+/// raises the same event as a MADV_DONTNEED but leaves the pages mapped,
+/// and a write before the write protection keeps them with their new bytes,
+/// which the copy holds. Taken as holes, they would read as zeros; the
+/// folio stays instead (a REMOVE from here on, with the folio protected,
+/// has no write behind it that a hole could lose).
+///
+/// A write let in by a protection lifted since `mark` would be lost with
+/// the discard: the run must stay then too.
+fn run_changed(
+    shared: &Shared,
+    space: &Space,
+    plug: &[Victim],
+    run: (usize, usize),
+    registered: bool,
+    mark: u64,
+) -> bool {
+    let (first, count) = run;
+    let (start, len) = run_range(plug, run);
+    !registered
+        || plug[first..first + count].iter().any(|v| {
+            let word = v.region.folios[v.folio].load();
+            let extras = space.extras_of(&v.region, v.folio, word);
+            v.region.moves.load(Ordering::Acquire) != v.moves
+                || !extras.unmapped.is_empty()
+                || !extras.moved.is_empty()
+                || !extras.removed.is_empty()
+        })
+        || !shared.unprotects.none_since(mark, space.id, start, len)
+}
+
+/// The first move of every run of a flush, made together: the runs are
+/// checked under one settled gate and moved with one [`move_out`], which
+/// for another process is one request to its agent rather than one per
+/// run (random access leaves most runs one folio long: a batch of eight
+/// 4 KiB folios cost eight round trips to the agent). Returns, per run,
+/// what its first move did; `None` for a run not moved because it changed
+/// (its own turn in `flush` finds that again, and keeps it in memory).
+fn move_out_together(
+    shared: &Shared,
+    space: &Space,
+    memory: &Memory,
+    plug: &[Victim],
+    runs: &[(usize, usize)],
+    mark: u64,
+) -> Vec<Option<Discarded>> {
+    let mut heads = vec![None; runs.len()];
+    if runs.is_empty() {
+        return heads;
+    }
+    let ranges: Vec<(usize, usize)> = runs.iter().map(|&run| run_range(plug, run)).collect();
+    let (settled, registered) = settled_gate(shared, space, &ranges);
+    let chosen: Vec<usize> = (0..runs.len())
+        .filter(|&k| !run_changed(shared, space, plug, runs[k], registered[k], mark))
+        .collect();
+    if chosen.is_empty() {
+        return heads;
+    }
+    #[cfg(feature = "fault-injection")]
+    {
+        shared.move_hold.stop_if_armed(|| true);
+        shared.move_hold.over();
+    }
+    let asked: Vec<(usize, usize)> = chosen.iter().map(|&k| ranges[k]).collect();
+    let moved = move_out(shared, space, memory, &asked, settled);
+    for (&k, discarded) in chosen.iter().zip(moved) {
+        heads[k] = Some(discarded);
+    }
+    heads
+}
+
+/// Moves the stored pages of each of `ranges` (start, length) out of
+/// `space` without an event (`Memory::discard_quietly`), the ranges having
+/// been checked under `settled`: what each move did, in order.
 ///
 /// The runtime's own pages move under the gate, so no event is read
 /// before the move; another process's are moved by its agent, once the
@@ -1220,25 +1299,25 @@ fn move_out(
     shared: &Shared,
     space: &Space,
     memory: &Memory,
-    start: usize,
-    len: usize,
+    ranges: &[(usize, usize)],
     settled: std::sync::RwLockReadGuard<'_, ()>,
-) -> Discarded {
+) -> Vec<Discarded> {
     space.move_in_flight.store(true, Ordering::SeqCst);
     // While the runtime's own process forks, the event thread reads without
     // the gate (`Shared::read_gate`): it raises `unapplied`, then looks at
     // the hold; here the hold is raised, then `unapplied` looked at. One of
     // the two sees the other (both SeqCst), and where this side does, the
     // move waits for what was read to be applied.
-    let discarded = if shared.unapplied.load(Ordering::SeqCst) {
-        Discarded {
+    let mut discarded = Vec::with_capacity(ranges.len());
+    if shared.unapplied.load(Ordering::SeqCst) {
+        discarded.extend(ranges.iter().map(|_| Discarded {
             bytes: 0,
             again: true,
             shared: false,
-        }
+        }));
     } else {
-        memory.discard_quietly(start, len, settled)
-    };
+        memory.discard_quietly(ranges, settled, &mut discarded);
+    }
     space.move_in_flight.store(false, Ordering::SeqCst);
     discarded
 }
