@@ -19,7 +19,7 @@
 //!                                             up to DISCARD_RANGES at once)
 //!   MovedOut {seq, (errno, moved) per range} ->
 //!        <------- Drop {seq, start, len}      (probe, then MADV_DONTNEED in place)
-//!   Dropped {seq, errno, moved: 0} -------->
+//!   Dropped {seq, errno} ----------------->
 //!        <------- Release          (the supervisor lets go; the agent ends
 //!                                    quietly. Without it, end of file means
 //!                                    the supervisor died: the agent kills
@@ -181,6 +181,7 @@ fn pairs(
     count: usize,
     pairs: impl Iterator<Item = (u64, u64)>,
 ) -> [u8; PACKET] {
+    debug_assert!(count <= DISCARD_RANGES, "{count} ranges in one packet");
     let mut w = [0u64; WORDS];
     w[0] = code;
     w[1] = seq;

@@ -2697,6 +2697,126 @@ fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
     });
 }
 
+/// The first moves of an eviction batch's runs go to another process's
+/// agent in one request (`DropPages::move_out_all`), and each run is
+/// finished by the outcome of its own range: a folio whose pages moved out
+/// taken for one that stayed would have its copy voided while its pages
+/// are gone, and read as zeros. The dropper here moves the even ranges of
+/// each request and answers the odd ones as shared with a forked child
+/// (EBUSY: nothing moved, the folio stays); the memory is touched every
+/// other folio first, so that batches hold folios that are not adjacent.
+#[test]
+fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use uswap::mm::memory::{Discarded, DropPages};
+    struct OddRangesBusy {
+        moves: AgentMoves,
+        /// Ranges per request, in order.
+        requests: std::sync::Mutex<Vec<usize>>,
+    }
+    impl DropPages for OddRangesBusy {
+        fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+            drop_here(start, len)
+        }
+        fn move_out(&self, start: usize, len: usize) -> Discarded {
+            self.moves.move_out(start, len)
+        }
+        fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+            self.requests.lock().unwrap().push(ranges.len());
+            for (k, &(start, len)) in ranges.iter().enumerate() {
+                out.push(if k % 2 == 1 {
+                    Discarded {
+                        bytes: 0,
+                        again: false,
+                        shared: true,
+                    }
+                } else {
+                    self.moves.move_out(start, len)
+                });
+            }
+        }
+    }
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: MIB,
+            folio_size: FOLIO,
+            max_pool_bytes: Some(64 << 20),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        // SAFETY: plain system calls; each descriptor is owned from here.
+        let (uffd, agents) = unsafe {
+            let raw = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+            assert!(raw >= 0, "userfaultfd");
+            let dup = libc::fcntl(raw as i32, libc::F_DUPFD_CLOEXEC, 0);
+            assert!(dup >= 0, "dup");
+            (OwnedFd::from_raw_fd(raw as i32), OwnedFd::from_raw_fd(dup))
+        };
+        let requests = Arc::new(OddRangesBusy {
+            moves: AgentMoves {
+                uffd: agents,
+                scratch: folio_aligned_mapping(AGENT_SCRATCH),
+                used: std::sync::Mutex::new(None),
+                asked: std::sync::Mutex::new(None),
+                acted: std::sync::Mutex::new(std::sync::mpsc::channel().1),
+            },
+            requests: std::sync::Mutex::new(Vec::new()),
+        });
+        struct Shared(Arc<OddRangesBusy>);
+        impl DropPages for Shared {
+            fn drop_pages(
+                &self,
+                start: usize,
+                len: usize,
+            ) -> Result<(), uswap::mm::memory::DropError> {
+                self.0.drop_pages(start, len)
+            }
+            fn move_out(&self, start: usize, len: usize) -> Discarded {
+                self.0.move_out(start, len)
+            }
+            fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+                self.0.move_out_all(ranges, out)
+            }
+        }
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let attached = rt
+            .attach(uffd, pid, None, Box::new(Shared(requests.clone())))
+            .unwrap();
+        let len = 4 * MIB;
+        let base = folio_aligned_mapping(len);
+        attached.manage(base, len).unwrap();
+        // Every other folio, then the rest: the eviction queue (fault-in
+        // order) then gives batches of folios two apart.
+        for first in [0, 1] {
+            for f in (first..len / FOLIO).step_by(2) {
+                let folio = base + f * FOLIO;
+                for addr in (folio..folio + FOLIO).step_by(8) {
+                    // SAFETY: inside the managed mapping.
+                    unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+                }
+            }
+        }
+        evict_to_limit(&rt);
+        check_range(
+            base,
+            base,
+            base + len,
+            "after evictions through batched moves",
+        );
+        let stats = rt.stats();
+        let asked = requests.requests.lock().unwrap().clone();
+        assert!(
+            asked.iter().any(|&n| n > 1),
+            "no request carried more than one range: {asked:?}"
+        );
+        assert!(stats.evicted_folios > 0, "{stats:?}");
+        assert!(stats.discard_refused_shared > 0, "{stats:?}");
+        assert_eq!(stats.store.decompress_fail, 0);
+        drop(attached);
+    });
+}
+
 /// A dropper for an attached process that drops in place (MADV_DONTNEED)
 /// and moves nothing.
 struct DropsInPlace;

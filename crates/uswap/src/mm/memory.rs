@@ -190,12 +190,12 @@ impl Memory {
     /// The caller holds the settled event gate (`settled`), under which
     /// every move of the program's mappings so far is in the bookkeeping,
     /// and checked every range under it. Moves in this process are made
-    /// under it. Another process's pages are moved by its agent thread (all
-    /// the ranges with one request), which may be slow to answer or never
+    /// under it. Another process's pages are moved by its agent thread (a
+    /// whole eviction batch per request), which may be slow to answer or never
     /// do (a stopped program): the gate is let go first, as for a drop in
     /// place, lest the event thread stop reading every process's events
     /// meanwhile. The caller keeps that process's events unread until the
-    /// answer (`reclaim.rs`, `move_out`), and the agent checks again, just
+    /// answers (`reclaim.rs`, `move_out`), and the agent checks again, just
     /// before each move, that no event is unread and the range is still
     /// registered: whatever the program did to a range since the check
     /// waits unread, and the move is refused.

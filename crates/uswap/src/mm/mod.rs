@@ -224,8 +224,9 @@ pub(crate) struct Shared {
     /// armed (see [`Runtime::hold_next_follow_ups`]).
     #[cfg(feature = "fault-injection")]
     pub follow_up_hold: Hold,
-    /// Tests: a flush stops under the settled gate, just before it moves a
-    /// run of stored pages out, while armed (see
+    /// Tests: a flush stops under the settled gate, just before it moves
+    /// stored pages out (the first moves of all its runs together, or a
+    /// later move of one run), while armed (see
     /// [`Runtime::hold_next_move`]).
     #[cfg(feature = "fault-injection")]
     pub move_hold: Hold,
@@ -775,8 +776,9 @@ impl Runtime {
         self.shared.follow_up_hold.release();
     }
 
-    /// Tests: the next flush stops just before it moves a run of stored
-    /// pages out, under the settled gate (no event is read meanwhile), until
+    /// Tests: the next flush stops just before it moves stored pages out
+    /// (the first moves of all its runs together), under the settled gate
+    /// (no event is read meanwhile), until
     /// [`Runtime::release_move`]; so a test can change the address space
     /// in that window as another thread of a program would.
     #[cfg(feature = "fault-injection")]

@@ -17,7 +17,8 @@
 //! flush they are write-protected, copied out in one `process_vm_readv`,
 //! stored with one `store_batch`, then discarded: moved out to a scratch
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
-//! process's pages by its agent, into a scratch of its own); what cannot
+//! process's pages by its agent, into a scratch of its own, one request
+//! for the first moves of all the plug's runs); what cannot
 //! move because it is of a read-only or locked mapping is dropped in place
 //! (MADV_DONTNEED), and a run that meets a page shared with a forked child
 //! (or pinned) stays, as a drop would not free it. Adjacent folios
@@ -654,9 +655,10 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         // the check finds the unmap event, and nothing is dropped.
         let mut refused_at: Option<usize> = None;
         while at < end {
-            // The run's first move was made with the others' (see
-            // `move_out_together`); what follows it (moves of what is left,
-            // drops in place) is checked and made here.
+            // The run's first move, unless the run had changed, was made
+            // with the others' (see `move_out_together`); what follows it
+            // (moves of what is left, drops in place) is checked and made
+            // here.
             let discarded = match head.take() {
                 Some(first_move) => first_move,
                 None => {
@@ -1318,6 +1320,7 @@ fn move_out(
     } else {
         memory.discard_quietly(ranges, settled, &mut discarded);
     }
+    assert_eq!(discarded.len(), ranges.len(), "one outcome per range moved");
     space.move_in_flight.store(false, Ordering::SeqCst);
     discarded
 }

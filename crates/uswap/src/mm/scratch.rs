@@ -37,7 +37,8 @@
 //! Another process's pages (`uswap run`) are moved the same way by its
 //! agent thread (UFFDIO_MOVE works only inside the caller's own address
 //! space), into a scratch the agent maps and registers in that process
-//! (`uswap-agent`; `DropPages::move_out`).
+//! (`uswap-agent`; `DropPages::move_out_all`, one request for a whole
+//! eviction batch).
 //!
 //! Only pages this address space maps alone can move: one a forked child
 //! still shares, KSM merged or something pinned answers EBUSY, and a
