@@ -324,6 +324,19 @@ impl Memory {
         present
     }
 
+    /// Whether every page of `start..start + len` is in memory (or in the
+    /// kernel's swap) and write-protected through userfaultfd, as a CLEAN
+    /// folio's pages are from their install on; false also where the map
+    /// cannot be read.
+    pub fn all_protected(&self, start: usize, len: usize) -> bool {
+        let (Memory::Own { pagemap, .. } | Memory::Remote { pagemap, .. }) = self;
+        pagemap_entries(pagemap, start, len).is_ok_and(|entries| {
+            entries
+                .iter()
+                .all(|&e| e & (PM_PRESENT | PM_SWAPPED) != 0 && e & PM_UFFD_WP != 0)
+        })
+    }
+
     /// The mapping (VMA) that holds `addr` now, if any.
     pub fn mapping_at(&self, addr: usize) -> Option<(usize, usize)> {
         self.maps().mapping_at(addr)

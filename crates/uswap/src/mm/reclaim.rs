@@ -373,7 +373,32 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         if !f.transition(w, EVICTING | (w & folio::EXTRA)) {
             continue;
         }
-        let clean = (state == CLEAN).then(|| region.slots_of(w));
+        let mut clean = (state == CLEAN).then(|| region.slots_of(w));
+        if let Some(range) = clean {
+            // A CLEAN folio leaves by a discard alone, on the word of its
+            // write protection: every page in place and protected since
+            // its install, so that any write to it was a fault that took
+            // the copy away. That is checked here, before the flush
+            // protects the range again (which would hide a page a write
+            // went to unseen), and a folio that fails it is stored anew.
+            let memory = space
+                .memory
+                .get()
+                .expect("an evicted space reaches its memory");
+            if !memory.all_protected(region.folio_addr(i), region.folio_size) {
+                shared.store.invalidate(range);
+                clean = None;
+                // An unmap or move the program made, its event unread, also
+                // takes pages away: only a folio changed with none in
+                // flight is counted.
+                if !space.uffd.is_changing() {
+                    shared
+                        .counters
+                        .clean_unverified
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         return Some(Victim {
             space,
             region,
