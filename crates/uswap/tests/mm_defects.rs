@@ -2829,7 +2829,7 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
 #[test]
 fn a_clean_folio_whose_protection_was_lost_is_stored_anew() {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    const NEW: u64 = 0x0DDB_A11_0000_0000;
+    const NEW: u64 = 0x00DD_BA11_0000_0000;
     within(Duration::from_secs(60), || {
         let rt = Runtime::new(RuntimeConfig {
             memory_high: MIB,
