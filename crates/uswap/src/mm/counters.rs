@@ -151,9 +151,10 @@ counters! {
     /// missing, or the program dropped, unmapped, moved or forked them.
     clean_dropped,
     /// CLEAN folios taken for eviction with a page missing or not
-    /// write-protected, with no change of the mappings in flight to explain
-    /// it: their copy may not hold what they hold, so it was dropped and
-    /// they were stored anew. Expected to stay 0; anything else is a lost
-    /// protection or a zap nothing told, caught before it lost a write.
+    /// write-protected, with the process alive and no change of its
+    /// mappings in flight to explain it: their copy may not hold what they
+    /// hold, so it was dropped and they were stored anew. Expected to stay
+    /// 0; anything else is a lost protection or a zap nothing told, caught
+    /// before it lost a write.
     clean_unverified,
 }

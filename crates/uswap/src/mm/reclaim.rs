@@ -389,9 +389,10 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
                 shared.store.invalidate(range);
                 clean = None;
                 // An unmap or move the program made, its event unread, also
-                // takes pages away: only a folio changed with none in
-                // flight is counted.
-                if !space.uffd.is_changing() {
+                // takes pages away, as does its exit: only a folio changed
+                // with the process alive and no change in flight is
+                // counted.
+                if space.uffd.is_quiet() {
                     shared
                         .counters
                         .clean_unverified

@@ -579,6 +579,15 @@ impl Uffd {
         )
     }
 
+    /// Whether the process is alive with no change of its mappings in
+    /// flight (see [`Uffd::is_changing`]), by the same probe.
+    pub fn is_quiet(&self) -> bool {
+        matches!(
+            self.write_protect(PROBE_PAGE, PAGE_SIZE, false),
+            Ok(()) | Err(UffdError::NoMapping)
+        )
+    }
+
     /// Reads the pending events (at most `most`, at most 64) without
     /// blocking and appends them to `out`; returns how many. A fork's
     /// descriptor is owned as soon as it is read.
