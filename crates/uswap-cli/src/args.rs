@@ -163,12 +163,10 @@ pub struct RuntimeArgs {
     /// a by_n frame of N segments, decompressed in parallel on the engines).
     #[arg(long, env = "USWAP_LAYOUT", default_value = "page", value_parser = layout)]
     pub layout: Layout,
-    /// What a folio brought back for a read does with its stored copy: drop
-    /// (the default) or keep (its pages write-protected; evicted again
-    /// unwritten, it needs no compression). Dropped by default while a
-    /// JVM heap corruption seen under `uswap run` is not shown fixed
-    /// (README, Known issues).
-    #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "drop")]
+    /// What a folio brought back for a read does with its stored copy: keep
+    /// (the default: its pages write-protected; evicted again unwritten, it
+    /// needs no compression) or drop (every eviction compresses).
+    #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "keep")]
     pub clean_copies: CleanCopies,
 }
 

@@ -76,7 +76,7 @@ pub struct Args {
     layout: Vec<Layout>,
     /// What a folio read back does with its stored copy (keep, drop);
     /// both measured side by side when both are given.
-    #[arg(long, default_value = "drop", value_delimiter = ',')]
+    #[arg(long, default_value = "keep", value_delimiter = ',')]
     clean_copies: Vec<CleanCopies>,
     /// What each touch does: read a byte, write one, or update one (read,
     /// then write it back changed: the second access of a folio brought

@@ -77,9 +77,10 @@ pub struct RuntimeConfig {
     /// pages write-protected, while the pool has room: evicting it again
     /// before anything writes to it is a discard, not a compression (the
     /// kernel keeps a swapped-in page's swap slot the same way while swap
-    /// is not full). The first write costs a write-protect fault. Off by
-    /// default while a JVM heap corruption seen under `uswap run`, more
-    /// often with it, is not shown fixed (README, Known issues).
+    /// is not full). The first write costs a write-protect fault. Before a
+    /// CLEAN folio is discarded, the page map must show every page of it in
+    /// place and protected; otherwise it is stored anew
+    /// (`clean_unverified`).
     pub keep_clean_copies: bool,
     /// How long the reclaimer leaves what is still in memory of a folio the
     /// program dropped pages of (a REMOVE event: MADV_DONTNEED or
@@ -116,7 +117,7 @@ impl Default for RuntimeConfig {
             serve_forks: true,
             discard_by_move: true,
             layout: Layout::PerPage,
-            keep_clean_copies: false,
+            keep_clean_copies: true,
             drop_grace: Duration::from_millis(100),
         }
     }
