@@ -1787,13 +1787,7 @@ fn attached_self(
     dropper: Box<dyn uswap::mm::memory::DropPages>,
 ) -> (Runtime, uswap::mm::Attached, usize, usize) {
     use std::os::fd::{FromRawFd, OwnedFd};
-    let rt = Runtime::new(RuntimeConfig {
-        memory_high: MIB,
-        folio_size: FOLIO,
-        max_pool_bytes: Some(64 << 20),
-        ..RuntimeConfig::default()
-    })
-    .unwrap();
+    let rt = attached_runtime();
     // SAFETY: plain system calls; the descriptor is owned from here.
     let uffd = unsafe {
         OwnedFd::from_raw_fd(libc::syscall(
@@ -1801,6 +1795,30 @@ fn attached_self(
             libc::O_CLOEXEC | libc::O_NONBLOCK,
         ) as i32)
     };
+    let (attached, base, len) = attach_filled(&rt, uffd, dropper);
+    (rt, attached, base, len)
+}
+
+/// The runtime the tests of an attached process use: 1 MiB limit, 64 KiB
+/// folios, a pool that never fills.
+fn attached_runtime() -> Runtime {
+    Runtime::new(RuntimeConfig {
+        memory_high: MIB,
+        folio_size: FOLIO,
+        max_pool_bytes: Some(64 << 20),
+        ..RuntimeConfig::default()
+    })
+    .unwrap()
+}
+
+/// This process attached to `rt` through `uffd` with `dropper`, managing
+/// 4 MiB of fresh memory filled with the pattern: (the attachment, base,
+/// length).
+fn attach_filled(
+    rt: &Runtime,
+    uffd: std::os::fd::OwnedFd,
+    dropper: Box<dyn uswap::mm::memory::DropPages>,
+) -> (uswap::mm::Attached, usize, usize) {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let attached = rt.attach(uffd, pid, None, dropper).unwrap();
@@ -1811,7 +1829,7 @@ fn attached_self(
         unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
     }
     attached.manage(base, len).unwrap();
-    (rt, attached, base, len)
+    (attached, base, len)
 }
 
 /// Found by `churn` under `uswap run` (1 run in about 60): another
@@ -2544,6 +2562,53 @@ struct AgentMoves {
 /// is never emptied.
 const AGENT_SCRATCH: usize = 64 * MIB;
 
+/// Where an agent says which range it was asked to move, and what tells it
+/// the program has acted.
+type AgentAsks = (
+    std::sync::mpsc::Sender<(usize, usize)>,
+    std::sync::mpsc::Receiver<()>,
+);
+
+/// A runtime for this process attached as another process would be (1 MiB
+/// limit, 64 KiB folios), a new userfaultfd of this process, and an agent
+/// moving through a copy of it, which says before its first move what it
+/// was asked for and waits for `acted` if `asked` is given; with a copy of
+/// the descriptor for the test.
+fn runtime_with_agent(
+    asked: Option<AgentAsks>,
+) -> (
+    Runtime,
+    std::os::fd::OwnedFd,
+    AgentMoves,
+    std::os::fd::OwnedFd,
+) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let rt = attached_runtime();
+    // SAFETY: plain system calls; each descriptor is owned from here.
+    let (uffd, agents, ours) = unsafe {
+        let raw = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+        assert!(raw >= 0, "userfaultfd");
+        let dup = |fd: i64| {
+            let d = libc::fcntl(fd as i32, libc::F_DUPFD_CLOEXEC, 0);
+            assert!(d >= 0, "dup");
+            OwnedFd::from_raw_fd(d)
+        };
+        (OwnedFd::from_raw_fd(raw as i32), dup(raw), dup(raw))
+    };
+    let (asked, acted) = match asked {
+        Some((asked, acted)) => (Some(asked), acted),
+        None => (None, std::sync::mpsc::channel().1),
+    };
+    let agent = AgentMoves {
+        uffd: agents,
+        scratch: folio_aligned_mapping(AGENT_SCRATCH),
+        used: std::sync::Mutex::new(None),
+        asked: std::sync::Mutex::new(asked),
+        acted: std::sync::Mutex::new(acted),
+    };
+    (rt, uffd, agent, ours)
+}
+
 impl AgentMoves {
     fn ioctl<const N: usize>(&self, request: u64, arg: &mut [u64; N]) -> Result<(), i32> {
         use std::os::fd::AsRawFd;
@@ -2630,43 +2695,12 @@ impl uswap::mm::memory::DropPages for AgentMoves {
 /// move is refused while the program's unmap or move waits to be read.
 #[test]
 fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     const NEW: u64 = 0xBEEF_0000_0000_0000;
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: MIB,
-            folio_size: FOLIO,
-            max_pool_bytes: Some(64 << 20),
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        // SAFETY: plain system calls; each descriptor is owned from here.
-        let (uffd, agents) = unsafe {
-            let raw = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
-            assert!(raw >= 0, "userfaultfd");
-            let dup = libc::fcntl(raw as i32, libc::F_DUPFD_CLOEXEC, 0);
-            assert!(dup >= 0, "dup");
-            (OwnedFd::from_raw_fd(raw as i32), OwnedFd::from_raw_fd(dup))
-        };
         let (asked_tx, asked) = std::sync::mpsc::channel();
         let (acted, acted_rx) = std::sync::mpsc::channel();
-        let dropper = AgentMoves {
-            uffd: agents,
-            scratch: folio_aligned_mapping(AGENT_SCRATCH),
-            used: std::sync::Mutex::new(None),
-            asked: std::sync::Mutex::new(Some(asked_tx)),
-            acted: std::sync::Mutex::new(acted_rx),
-        };
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() };
-        let attached = rt.attach(uffd, pid, None, Box::new(dropper)).unwrap();
-        let len = 4 * MIB;
-        let base = folio_aligned_mapping(len);
-        for addr in (base..base + len).step_by(8) {
-            // SAFETY: inside the mapping.
-            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
-        }
-        attached.manage(base, len).unwrap();
+        let (rt, uffd, dropper, _) = runtime_with_agent(Some((asked_tx, acted_rx)));
+        let (attached, base, len) = attach_filled(&rt, uffd, Box::new(dropper));
         rt.reclaim_now();
         let (at, run) = asked
             .recv_timeout(Duration::from_secs(10))
@@ -2707,7 +2741,6 @@ fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
 /// other folio first, so that batches hold folios that are not adjacent.
 #[test]
 fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     use uswap::mm::memory::{Discarded, DropPages};
     struct OddRangesBusy {
         moves: AgentMoves,
@@ -2737,29 +2770,9 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
         }
     }
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: MIB,
-            folio_size: FOLIO,
-            max_pool_bytes: Some(64 << 20),
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        // SAFETY: plain system calls; each descriptor is owned from here.
-        let (uffd, agents) = unsafe {
-            let raw = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
-            assert!(raw >= 0, "userfaultfd");
-            let dup = libc::fcntl(raw as i32, libc::F_DUPFD_CLOEXEC, 0);
-            assert!(dup >= 0, "dup");
-            (OwnedFd::from_raw_fd(raw as i32), OwnedFd::from_raw_fd(dup))
-        };
+        let (rt, uffd, moves, _) = runtime_with_agent(None);
         let requests = Arc::new(OddRangesBusy {
-            moves: AgentMoves {
-                uffd: agents,
-                scratch: folio_aligned_mapping(AGENT_SCRATCH),
-                used: std::sync::Mutex::new(None),
-                asked: std::sync::Mutex::new(None),
-                acted: std::sync::Mutex::new(std::sync::mpsc::channel().1),
-            },
+            moves,
             requests: std::sync::Mutex::new(Vec::new()),
         });
         struct Shared(Arc<OddRangesBusy>);
@@ -2828,45 +2841,15 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
 /// process here is this one, attached), then writes the page.
 #[test]
 fn a_clean_folio_whose_protection_was_lost_is_stored_anew() {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     const NEW: u64 = 0x00DD_BA11_0000_0000;
     within(Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: MIB,
-            folio_size: FOLIO,
-            max_pool_bytes: Some(64 << 20),
-            keep_clean_copies: true,
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        // SAFETY: plain system calls; each descriptor is owned from here.
-        let (uffd, agents, ours) = unsafe {
-            let raw = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
-            assert!(raw >= 0, "userfaultfd");
-            let dup = |fd: i64| {
-                let d = libc::fcntl(fd as i32, libc::F_DUPFD_CLOEXEC, 0);
-                assert!(d >= 0, "dup");
-                OwnedFd::from_raw_fd(d)
-            };
-            (OwnedFd::from_raw_fd(raw as i32), dup(raw), dup(raw))
-        };
-        let dropper = AgentMoves {
-            uffd: agents,
-            scratch: folio_aligned_mapping(AGENT_SCRATCH),
-            used: std::sync::Mutex::new(None),
-            asked: std::sync::Mutex::new(None),
-            acted: std::sync::Mutex::new(std::sync::mpsc::channel().1),
-        };
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() };
-        let attached = rt.attach(uffd, pid, None, Box::new(dropper)).unwrap();
-        let len = 4 * MIB;
-        let base = folio_aligned_mapping(len);
-        for addr in (base..base + len).step_by(8) {
-            // SAFETY: inside the mapping.
-            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
-        }
-        attached.manage(base, len).unwrap();
+        let (rt, uffd, dropper, ours) = runtime_with_agent(None);
+        assert!(
+            rt.config().keep_clean_copies,
+            "clean copies are the default"
+        );
+        let (attached, base, len) = attach_filled(&rt, uffd, Box::new(dropper));
         evict_to_limit(&rt);
         // The first folio, stored by now (the oldest), comes back for a
         // read: CLEAN.
