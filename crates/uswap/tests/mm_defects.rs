@@ -3748,6 +3748,91 @@ fn a_fork_racing_a_drop_gives_the_child_all_of_its_memory_or_none() {
     });
 }
 
+/// Found by the `mm_model` soak (seed 134000, 4 KiB folios, clean copies
+/// dropped: a forked child read old bytes in a page it had dropped): a
+/// drop keeps the entries of the swapped folios it emptied until its zap
+/// is seen, for a child copied before the zap. A MADV_FREE zaps nothing, so
+/// its witness stays and the drop waits out its grace. Meanwhile the
+/// program wrote a folio the drop had emptied, it was stored again and
+/// then dropped for good (MADV_DONTNEED): empty once more, as the first
+/// drop had left it. A fork then took the first drop for one not yet
+/// zapped (its witness in place) and gave the child that folio's bytes
+/// from before both drops. A folio put back in place (an install, which
+/// the kernel allows only while no fork is under way) is no longer any
+/// earlier drop's to undo.
+#[test]
+fn a_folio_written_after_a_drop_and_dropped_again_reads_as_zero_in_a_child() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: FOLIO,
+            // The first drop must still wait when the child is forked.
+            drop_grace: Duration::from_secs(30),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let region = rt.map(2 * FOLIO).unwrap();
+        let base = region.as_ptr() as usize;
+        let emptied = base + FOLIO;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, i as u64 ^ 0x5A5A);
+        }
+        // The second folio stored, the first one resident again.
+        push_out(&rt, emptied);
+        let per_folio = FOLIO / 8;
+        for i in 0..per_folio {
+            assert_eq!(
+                words.read(i),
+                i as u64 ^ 0x5A5A,
+                "the first folio, word {i}"
+            );
+        }
+        assert!(
+            rt.is_swapped(emptied as *const u8),
+            "the second folio stays out"
+        );
+        // SAFETY: the test's own managed memory.
+        assert_eq!(
+            unsafe { libc::madvise(base as *mut _, 2 * FOLIO, libc::MADV_FREE) },
+            0
+        );
+        // Written anew, stored again, dropped for good.
+        for i in per_folio..words.count {
+            words.write(i, i as u64 ^ 0xC3C3);
+        }
+        push_out(&rt, emptied);
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::madvise(emptied as *mut _, FOLIO, libc::MADV_DONTNEED) },
+            0
+        );
+        // SAFETY: the child only reads memory and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let nonzero = (emptied..emptied + FOLIO)
+                .step_by(8)
+                // SAFETY: the test's own memory, copied into the child.
+                .filter(|&a| unsafe { std::ptr::read_volatile(a as *const u64) } != 0)
+                .count();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if nonzero == 0 { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child read bytes in the folio dropped before the fork (status {status:#x}): {:?}",
+            rt.stats()
+        );
+        for i in per_folio..words.count {
+            assert_eq!(words.read(i), 0, "the parent's dropped folio, word {i}");
+        }
+    });
+}
+
 /// Found in review: MADV_FREE raises the same event as MADV_DONTNEED but
 /// leaves the pages in place, so a drop waiting for its zap to show (a
 /// page of the range gone) waited for ever, holding the entries of the

@@ -365,6 +365,40 @@ pub(crate) fn fault_near_witness(space: &Space, start: usize, len: usize) {
     }
 }
 
+/// Folio `i` of region `region` of `space` was just put in place again
+/// (under the gate): no drop before is to be undone for it in a child.
+/// The install that put it back happened while no fork was under way (the
+/// kernel refuses installs then), so every fork applied from now on copied
+/// it as it is now, or later. A drop kept the entries of its swapped
+/// pages, or its holes in it, for children copied before the drop's zap;
+/// kept on, a later drop that left the folio as empty as this one had
+/// would let the undo give a child bytes older than both (the entries are
+/// let go here).
+pub(crate) fn forget_folio_in_drops(shared: &Shared, space: &Space, region: u32, i: usize) {
+    if !space.has_unsettled_drops.load(Ordering::Acquire) {
+        return;
+    }
+    let mut released = Vec::new();
+    for d in space
+        .unsettled_drops
+        .lock()
+        .expect("unsettled drops lock")
+        .iter_mut()
+    {
+        d.emptied.retain(|e| {
+            let this = e.region == region && e.folio == i;
+            if this {
+                released.push(e.slots);
+            }
+            !this
+        });
+        d.holed.retain(|&(r, f, _)| !(r == region && f == i));
+    }
+    for slots in released {
+        shared.store.invalidate(slots);
+    }
+}
+
 /// Whether the child behind `child` was copied before the zap of
 /// `unsettled`, a drop of its parent's: it has a page there that the zap
 /// took from the parent. Asked by mapping the zero page where the child

@@ -26,6 +26,7 @@
 //! poisons the folio's missing pages instead: every touch raises SIGBUS, the
 //! kernel's answer to a failed swap-in, never wrong bytes.
 
+use super::events;
 use super::folio::{self, ACTIVE, CLEAN, GIVEN_UP, GONE, LOADING, POISONED, RESIDENT, UNTOUCHED};
 use super::space::{Extras, RegionInner, Space};
 use super::uffd::{Partial, UffdError};
@@ -376,6 +377,7 @@ fn publish_settled(
     // read as zero (resident) or are no longer ours (gone).
     let whole = extras.holes().is_empty() && extras.lost.is_empty();
     space.take_extras(region, i);
+    events::forget_folio_in_drops(shared, space, region.id, i);
     let resident = folio::state(state) == RESIDENT && space.is_evicted();
     let clean = match clean_copy {
         Some(slot) if resident && whole => Some(folio::with_slot(CLEAN, slot)),
