@@ -3833,6 +3833,84 @@ fn a_folio_written_after_a_drop_and_dropped_again_reads_as_zero_in_a_child() {
     });
 }
 
+/// Found in review of the fix above: a folio the drop emptied that the
+/// program had unmapped part of is GONE (untracked), and a touch of it puts
+/// a zero page in with no swap-in to publish. Written and then dropped for
+/// good, that page must read as zero in a child forked after, not as the
+/// folio's bytes from before the first drop.
+#[test]
+fn a_page_written_in_a_gone_folio_after_a_drop_reads_as_zero_in_a_child() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: 16 * MIB,
+            folio_size: FOLIO,
+            drop_grace: Duration::from_secs(30),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let region = rt.map(2 * FOLIO).unwrap();
+        let base = region.as_ptr() as usize;
+        let emptied = base + FOLIO;
+        let words = Words::of(&region);
+        for i in 0..words.count {
+            words.write(i, i as u64 ^ 0x5A5A);
+        }
+        push_out(&rt, emptied);
+        let per_folio = FOLIO / 8;
+        for i in 0..per_folio {
+            assert_eq!(
+                words.read(i),
+                i as u64 ^ 0x5A5A,
+                "the first folio, word {i}"
+            );
+        }
+        assert!(
+            rt.is_swapped(emptied as *const u8),
+            "the second folio stays out"
+        );
+        // The stored folio's last page unmapped, the rest given up (the
+        // folio leaves the runtime's tracking: GONE).
+        let kept = 2 * FOLIO - PAGE;
+        // SAFETY: the test's own managed memory.
+        unsafe {
+            assert_eq!(libc::munmap((base + kept) as *mut _, PAGE), 0);
+            assert_eq!(libc::madvise(base as *mut _, kept, libc::MADV_FREE), 0);
+        }
+        // Its first page written anew, then dropped for good.
+        for i in per_folio..per_folio + PAGE / 8 {
+            words.write(i, i as u64 ^ 0xC3C3);
+        }
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::madvise(emptied as *mut _, PAGE, libc::MADV_DONTNEED) },
+            0
+        );
+        // SAFETY: the child only reads memory and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let nonzero = (emptied..emptied + PAGE)
+                .step_by(8)
+                // SAFETY: the test's own memory, copied into the child.
+                .filter(|&a| unsafe { std::ptr::read_volatile(a as *const u64) } != 0)
+                .count();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if nonzero == 0 { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child read bytes in the page dropped before the fork (status {status:#x}): {:?}",
+            rt.stats()
+        );
+        for i in per_folio..per_folio + PAGE / 8 {
+            assert_eq!(words.read(i), 0, "the parent's dropped page, word {i}");
+        }
+    });
+}
+
 /// Found in review: MADV_FREE raises the same event as MADV_DONTNEED but
 /// leaves the pages in place, so a drop waiting for its zap to show (a
 /// page of the range gone) waited for ever, holding the entries of the

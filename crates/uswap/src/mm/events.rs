@@ -365,15 +365,16 @@ pub(crate) fn fault_near_witness(space: &Space, start: usize, len: usize) {
     }
 }
 
-/// Folio `i` of region `region` of `space` was just put in place again
-/// (under the gate): no drop before is to be undone for it in a child.
-/// The install that put it back happened while no fork was under way (the
-/// kernel refuses installs then), so every fork applied from now on copied
-/// it as it is now, or later. A drop kept the entries of its swapped
-/// pages, or its holes in it, for children copied before the drop's zap;
-/// kept on, a later drop that left the folio as empty as this one had
-/// would let the undo give a child bytes older than both (the entries are
-/// let go here).
+/// A page went into folio `i` of region `region` of `space` (under the
+/// gate), or the folio stayed in memory after an eviction: no drop before
+/// is to be undone for it in a child. A page goes in only while no fork is
+/// under way (the kernel refuses installs then), so every fork applied from
+/// now on copied the folio as it is now, or later; and a child's copy of a
+/// folio that stayed resident is resident, which no undo touches. A drop
+/// kept the entries of its swapped folios, or its holes in them, for
+/// children copied before the drop's zap; kept on, a later drop that left
+/// the folio as empty as this one had would let the undo give a child
+/// bytes older than both (the entries are let go here).
 pub(crate) fn forget_folio_in_drops(shared: &Shared, space: &Space, region: u32, i: usize) {
     if !space.has_unsettled_drops.load(Ordering::Acquire) {
         return;

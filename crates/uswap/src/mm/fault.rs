@@ -739,12 +739,21 @@ enum Step {
     HandOff(Arc<RegionInner>, usize),
 }
 
+/// The folio a zero page goes into: (runtime, region, folio).
+type ZeroedIn<'a> = (&'a Shared, &'a RegionInner, usize);
+
 /// Fills one missing page with zeros (write-protected with `wp`) and wakes
-/// its waiters; a page already there is left alone.
-fn zero_page(space: &Space, page: usize, wp: bool) -> Step {
+/// its waiters; a page already there is left alone. A page put in a
+/// tracked `folio` ends what earlier drops kept of it for forked children
+/// (`events::forget_folio_in_drops`).
+fn zero_page(space: &Space, page: usize, wp: bool, folio: Option<ZeroedIn<'_>>) -> Step {
     match space.uffd.copy(page, &ZERO_PAGE, wp) {
-        Ok(())
-        | Err(Partial {
+        Ok(()) => {
+            if let Some((shared, region, i)) = folio {
+                events::forget_folio_in_drops(shared, space, region.id, i);
+            }
+        }
+        Err(Partial {
             error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone,
             ..
         }) => {}
@@ -869,7 +878,7 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
         // Other registered memory no region tracks (moved out of a region
         // by a cut, or grown by mremap, or a beacon): fresh anonymous memory
         // reads as zero.
-        return zero_page(space, page, false);
+        return zero_page(space, page, false, None);
     };
     if !fault.wp && space.has_unsettled_drops.load(Ordering::Acquire) {
         events::fault_near_witness(space, region.folio_addr(i), region.folio_size);
@@ -927,10 +936,10 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
                 shared.requeue_unfit(space.id, &region, i);
                 #[cfg(feature = "fault-injection")]
                 shared.hole_hold.stop_if_armed(|| true);
-                return zero_page(space, page, true);
+                return zero_page(space, page, true, Some((shared, &region, i)));
             }
             // A page of an untracked folio: nothing evicts it.
-            GONE => return zero_page(space, page, false),
+            GONE => return zero_page(space, page, false, Some((shared, &region, i))),
             // A clean folio missing a page (the kernel freed one the program
             // had given up with MADV_FREE): its copy is no longer its
             // contents, so it goes before the page reads as zero.
@@ -940,7 +949,9 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
             // The reclaimer copying out a folio with a hole in it: the zero
             // page it gets is write-protected like the rest of the folio, so
             // a write racing the eviction waits instead of being dropped.
-            EVICTING if by_reclaimer => return zero_page(space, page, true),
+            EVICTING if by_reclaimer => {
+                return zero_page(space, page, true, Some((shared, &region, i)))
+            }
             POISONED => return poison_page(space, page),
             // Busy folios: their owner wakes the range when done, and this
             // thread's fault is retried then.

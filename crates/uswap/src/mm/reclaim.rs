@@ -1084,6 +1084,7 @@ fn finish_folio(
         None => {
             // The pages (moved ones included) stay where they are.
             space.take_extras(region, i);
+            events::forget_folio_in_drops(shared, space, region.id, i);
             shared
                 .counters
                 .eviction_refused

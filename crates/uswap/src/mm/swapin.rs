@@ -158,6 +158,8 @@ pub(crate) fn install(
     let mut done = crate::page::PageMask::default();
     // A page skipped because it was there already or had no mapping.
     let mut skipped = false;
+    // A page went in: an ioctl succeeded, with no fork under way.
+    let mut placed = false;
     // The whole folio went in with one call that woke its waiters.
     let mut woken = false;
     'attempts: loop {
@@ -199,11 +201,13 @@ pub(crate) fn install(
             match filled {
                 Ok(()) => {
                     woken = waking;
+                    placed = true;
                     done.insert_range(p, q);
                     p = q;
                 }
                 Err(Partial { filled, error }) => {
                     let k = p + filled / PAGE_SIZE;
+                    placed |= k > p;
                     done.insert_range(p, k);
                     match error {
                         // Already there (installed by someone, or present):
@@ -224,7 +228,7 @@ pub(crate) fn install(
                             for page in k..q {
                                 let d = dst + (page - p) * PAGE_SIZE;
                                 match fill(space, d, page, page + 1, source) {
-                                    Ok(()) => {}
+                                    Ok(()) => placed = true,
                                     Err(Partial {
                                         error: UffdError::Exists | UffdError::NoMapping,
                                         ..
@@ -274,6 +278,9 @@ pub(crate) fn install(
                     }
                 }
             }
+        }
+        if placed {
+            events::forget_folio_in_drops(shared, space, region.id, i);
         }
         finish(&extras, !skipped);
         drop(gate);
@@ -377,7 +384,6 @@ fn publish_settled(
     // read as zero (resident) or are no longer ours (gone).
     let whole = extras.holes().is_empty() && extras.lost.is_empty();
     space.take_extras(region, i);
-    events::forget_folio_in_drops(shared, space, region.id, i);
     let resident = folio::state(state) == RESIDENT && space.is_evicted();
     let clean = match clean_copy {
         Some(slot) if resident && whole => Some(folio::with_slot(CLEAN, slot)),
