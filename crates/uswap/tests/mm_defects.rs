@@ -3763,42 +3763,17 @@ fn a_fork_racing_a_drop_gives_the_child_all_of_its_memory_or_none() {
 #[test]
 fn a_folio_written_after_a_drop_and_dropped_again_reads_as_zero_in_a_child() {
     in_own_process(this_test!(), Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: 16 * MIB,
-            folio_size: FOLIO,
-            // The first drop must still wait when the child is forked.
-            drop_grace: Duration::from_secs(30),
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        let region = rt.map(2 * FOLIO).unwrap();
+        let (rt, region) = a_stored_folio_beside_a_resident_one();
         let base = region.as_ptr() as usize;
         let emptied = base + FOLIO;
         let words = Words::of(&region);
-        for i in 0..words.count {
-            words.write(i, i as u64 ^ 0x5A5A);
-        }
-        // The second folio stored, the first one resident again.
-        push_out(&rt, emptied);
-        let per_folio = FOLIO / 8;
-        for i in 0..per_folio {
-            assert_eq!(
-                words.read(i),
-                i as u64 ^ 0x5A5A,
-                "the first folio, word {i}"
-            );
-        }
-        assert!(
-            rt.is_swapped(emptied as *const u8),
-            "the second folio stays out"
-        );
         // SAFETY: the test's own managed memory.
         assert_eq!(
             unsafe { libc::madvise(base as *mut _, 2 * FOLIO, libc::MADV_FREE) },
             0
         );
         // Written anew, stored again, dropped for good.
-        for i in per_folio..words.count {
+        for i in FOLIO / 8..words.count {
             words.write(i, i as u64 ^ 0xC3C3);
         }
         push_out(&rt, emptied);
@@ -3807,29 +3782,7 @@ fn a_folio_written_after_a_drop_and_dropped_again_reads_as_zero_in_a_child() {
             unsafe { libc::madvise(emptied as *mut _, FOLIO, libc::MADV_DONTNEED) },
             0
         );
-        // SAFETY: the child only reads memory and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            let nonzero = (emptied..emptied + FOLIO)
-                .step_by(8)
-                // SAFETY: the test's own memory, copied into the child.
-                .filter(|&a| unsafe { std::ptr::read_volatile(a as *const u64) } != 0)
-                .count();
-            // SAFETY: ends the child at once.
-            unsafe { libc::_exit(if nonzero == 0 { 0 } else { 1 }) };
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child read bytes in the folio dropped before the fork (status {status:#x}): {:?}",
-            rt.stats()
-        );
-        for i in per_folio..words.count {
-            assert_eq!(words.read(i), 0, "the parent's dropped folio, word {i}");
-        }
+        assert_zeros_after_fork(&rt, emptied, FOLIO);
     });
 }
 
@@ -3841,33 +3794,10 @@ fn a_folio_written_after_a_drop_and_dropped_again_reads_as_zero_in_a_child() {
 #[test]
 fn a_page_written_in_a_gone_folio_after_a_drop_reads_as_zero_in_a_child() {
     in_own_process(this_test!(), Duration::from_secs(60), || {
-        let rt = Runtime::new(RuntimeConfig {
-            memory_high: 16 * MIB,
-            folio_size: FOLIO,
-            drop_grace: Duration::from_secs(30),
-            ..RuntimeConfig::default()
-        })
-        .unwrap();
-        let region = rt.map(2 * FOLIO).unwrap();
+        let (rt, region) = a_stored_folio_beside_a_resident_one();
         let base = region.as_ptr() as usize;
         let emptied = base + FOLIO;
         let words = Words::of(&region);
-        for i in 0..words.count {
-            words.write(i, i as u64 ^ 0x5A5A);
-        }
-        push_out(&rt, emptied);
-        let per_folio = FOLIO / 8;
-        for i in 0..per_folio {
-            assert_eq!(
-                words.read(i),
-                i as u64 ^ 0x5A5A,
-                "the first folio, word {i}"
-            );
-        }
-        assert!(
-            rt.is_swapped(emptied as *const u8),
-            "the second folio stays out"
-        );
         // The stored folio's last page unmapped, the rest given up (the
         // folio leaves the runtime's tracking: GONE).
         let kept = 2 * FOLIO - PAGE;
@@ -3877,7 +3807,7 @@ fn a_page_written_in_a_gone_folio_after_a_drop_reads_as_zero_in_a_child() {
             assert_eq!(libc::madvise(base as *mut _, kept, libc::MADV_FREE), 0);
         }
         // Its first page written anew, then dropped for good.
-        for i in per_folio..per_folio + PAGE / 8 {
+        for i in FOLIO / 8..(FOLIO + PAGE) / 8 {
             words.write(i, i as u64 ^ 0xC3C3);
         }
         // SAFETY: as above.
@@ -3885,30 +3815,70 @@ fn a_page_written_in_a_gone_folio_after_a_drop_reads_as_zero_in_a_child() {
             unsafe { libc::madvise(emptied as *mut _, PAGE, libc::MADV_DONTNEED) },
             0
         );
-        // SAFETY: the child only reads memory and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            let nonzero = (emptied..emptied + PAGE)
-                .step_by(8)
-                // SAFETY: the test's own memory, copied into the child.
-                .filter(|&a| unsafe { std::ptr::read_volatile(a as *const u64) } != 0)
-                .count();
-            // SAFETY: ends the child at once.
-            unsafe { libc::_exit(if nonzero == 0 { 0 } else { 1 }) };
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child read bytes in the page dropped before the fork (status {status:#x}): {:?}",
-            rt.stats()
-        );
-        for i in per_folio..per_folio + PAGE / 8 {
-            assert_eq!(words.read(i), 0, "the parent's dropped page, word {i}");
-        }
+        assert_zeros_after_fork(&rt, emptied, PAGE);
     });
+}
+
+/// A runtime whose drops wait long for their zap (a MADV_FREE's must
+/// still wait when the tests fork), with a region of two filled folios:
+/// the second stored, the first resident (a drop's witness).
+fn a_stored_folio_beside_a_resident_one() -> (Runtime, uswap::mm::Region) {
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: 16 * MIB,
+        folio_size: FOLIO,
+        drop_grace: Duration::from_secs(30),
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let region = rt.map(2 * FOLIO).unwrap();
+    let stored = region.as_ptr() as usize + FOLIO;
+    let words = Words::of(&region);
+    for i in 0..words.count {
+        words.write(i, i as u64 ^ 0x5A5A);
+    }
+    // Both pushed out, the first read back.
+    push_out(&rt, stored);
+    for i in 0..FOLIO / 8 {
+        assert_eq!(
+            words.read(i),
+            i as u64 ^ 0x5A5A,
+            "the first folio, word {i}"
+        );
+    }
+    assert!(
+        rt.is_swapped(stored as *const u8),
+        "the second folio stays out"
+    );
+    (rt, region)
+}
+
+/// Forks: `start..start + len`, which the program dropped, reads as zeros
+/// in the child, and in the parent.
+fn assert_zeros_after_fork(rt: &Runtime, start: usize, len: usize) {
+    let nonzero = |start: usize| {
+        (start..start + len)
+            .step_by(8)
+            // SAFETY: the test's own managed memory.
+            .filter(|&a| unsafe { std::ptr::read_volatile(a as *const u64) } != 0)
+            .count()
+    };
+    // SAFETY: the child only reads memory and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let code = if nonzero(start) == 0 { 0 } else { 1 };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child read bytes dropped before the fork (status {status:#x}): {:?}",
+        rt.stats()
+    );
+    assert_eq!(nonzero(start), 0, "the parent reads bytes it dropped");
 }
 
 /// Found in review: MADV_FREE raises the same event as MADV_DONTNEED but
