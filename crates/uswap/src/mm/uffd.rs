@@ -556,36 +556,32 @@ impl Uffd {
         self.ioctl(UFFDIO_WRITEPROTECT, &mut wp)
     }
 
-    /// Whether the address space behind the descriptor still exists: a
-    /// write-protect change of nothing answers `ESRCH` once it has exited.
+    /// A write-protect change of one page that nothing registers: it says
+    /// EAGAIN while a change of the mappings is in flight and ESRCH once
+    /// the process has exited, both before it looks for the range (ENOENT
+    /// otherwise). An empty range would be refused before the address
+    /// space is looked at.
+    fn probe(&self) -> Result<(), UffdError> {
+        self.write_protect(PROBE_PAGE, PAGE_SIZE, false)
+    }
+
+    /// Whether the address space behind the descriptor still exists.
     pub fn is_alive(&self) -> bool {
-        // An empty range is refused before the address space is looked at,
-        // so probe one page that nothing registers (ENOENT when alive).
-        !matches!(
-            self.write_protect(PROBE_PAGE, PAGE_SIZE, false),
-            Err(UffdError::ProcessGone)
-        )
+        !matches!(self.probe(), Err(UffdError::ProcessGone))
     }
 
     /// Whether a change of the address space's mappings is in flight: an
     /// event raised and unread, or read with its thread not yet on its way
     /// (a fork counts from its copy of the page tables on). The kernel
-    /// refuses every install then (EAGAIN), and a write-protect change of
-    /// nothing says so before it looks for the range (ENOENT otherwise).
+    /// refuses every install then (EAGAIN).
     pub fn is_changing(&self) -> bool {
-        matches!(
-            self.write_protect(PROBE_PAGE, PAGE_SIZE, false),
-            Err(UffdError::Again)
-        )
+        matches!(self.probe(), Err(UffdError::Again))
     }
 
     /// Whether the process is alive with no change of its mappings in
-    /// flight (see [`Uffd::is_changing`]), by the same probe.
+    /// flight.
     pub fn is_quiet(&self) -> bool {
-        matches!(
-            self.write_protect(PROBE_PAGE, PAGE_SIZE, false),
-            Ok(()) | Err(UffdError::NoMapping)
-        )
+        matches!(self.probe(), Ok(()) | Err(UffdError::NoMapping))
     }
 
     /// Reads the pending events (at most `most`, at most 64) without
