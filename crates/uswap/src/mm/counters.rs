@@ -4,6 +4,16 @@
 use crate::zswap::ZswapStats;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// What is there now rather than what happened, read for a snapshot (each
+/// documented in [`RuntimeStats`]).
+pub(crate) struct Gauges {
+    pub resident_bytes: u64,
+    pub unfit_bytes: u64,
+    pub evicting_folios: u64,
+    pub children: u64,
+    pub regions: u64,
+}
+
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         /// Live counters.
@@ -23,6 +33,9 @@ macro_rules! counters {
             /// The part of `resident_bytes` that would not compress, with
             /// no swap file to hold it raw (`folio::UNFIT`).
             pub unfit_bytes: u64,
+            /// Folios the reclaimer has taken for eviction and not yet
+            /// finished with: waiting in a plug or in a flush now.
+            pub evicting_folios: u64,
             /// Forked address spaces being served now.
             pub children: u64,
             /// Regions tracked now, in every address space served: one per
@@ -32,14 +45,15 @@ macro_rules! counters {
         }
 
         impl Counters {
-            pub fn snapshot(&self, store: ZswapStats, resident_bytes: u64, unfit_bytes: u64, children: u64, regions: u64) -> RuntimeStats {
+            pub fn snapshot(&self, store: ZswapStats, gauges: Gauges) -> RuntimeStats {
                 RuntimeStats {
                     store,
                     $($name: self.$name.load(Relaxed),)*
-                    resident_bytes,
-                    unfit_bytes,
-                    children,
-                    regions,
+                    resident_bytes: gauges.resident_bytes,
+                    unfit_bytes: gauges.unfit_bytes,
+                    evicting_folios: gauges.evicting_folios,
+                    children: gauges.children,
+                    regions: gauges.regions,
                 }
             }
         }
@@ -51,6 +65,7 @@ macro_rules! counters {
                 $(v.push((stringify!($name).to_string(), self.$name));)*
                 v.push(("resident_bytes".to_string(), self.resident_bytes));
                 v.push(("unfit_bytes".to_string(), self.unfit_bytes));
+                v.push(("evicting_folios".to_string(), self.evicting_folios));
                 v.push(("children".to_string(), self.children));
                 v.push(("regions".to_string(), self.regions));
                 v

@@ -77,7 +77,7 @@ use crate::accel::{Device, DeviceConfig};
 use crate::page::PAGE_SIZE;
 use crate::swap::{Backing, SwapFile};
 use crate::zswap::{PoolLimit, Zswap, ZswapConfig};
-use counters::Counters;
+use counters::{Counters, Gauges};
 use events::Inheritor;
 use fault::FillerJob;
 use memory::Memory;
@@ -183,6 +183,12 @@ pub(crate) struct Shared {
     /// The part of `resident` in UNFIT folios (out of the reclaim queue; see
     /// `folio::UNFIT`).
     pub unfit: AtomicUsize,
+    /// Folios the reclaimer holds taken for eviction (EVICTING), in its
+    /// plugs or in a flush: raised as it takes one, lowered only once the
+    /// folio's flush has finished with it (its eviction counted, or the
+    /// folio left resident), so that a reader that sees it at zero after
+    /// an Acquire load sees every count those folios made.
+    pub evicting: AtomicUsize,
     /// The limit now (`config.memory_high` at start; see
     /// [`Runtime::set_memory_high`]).
     memory_high: AtomicUsize,
@@ -426,6 +432,7 @@ impl Runtime {
             inheritors: Mutex::new(Vec::new()),
             resident: AtomicUsize::new(0),
             unfit: AtomicUsize::new(0),
+            evicting: AtomicUsize::new(0),
             memory_high: AtomicUsize::new(config.memory_high),
             fifo: Mutex::new(VecDeque::new()),
             given_up: Mutex::new(VecDeque::new()),
@@ -1102,13 +1109,17 @@ impl Shared {
             .map(|s| s.regions.read().expect("regions lock").len() as u64)
             .sum();
         drop(spaces);
-        self.counters.snapshot(
-            self.store.stats(),
-            self.resident.load(Ordering::Relaxed) as u64,
-            self.unfit.load(Ordering::Relaxed) as u64,
+        // First: the counters read after it are at least as new as the
+        // folios it no longer holds.
+        let evicting_folios = self.evicting.load(Ordering::Acquire) as u64;
+        let gauges = Gauges {
+            resident_bytes: self.resident.load(Ordering::Relaxed) as u64,
+            unfit_bytes: self.unfit.load(Ordering::Relaxed) as u64,
+            evicting_folios,
             children,
             regions,
-        )
+        };
+        self.counters.snapshot(self.store.stats(), gauges)
     }
 
     /// Milliseconds since the runtime started, wrapping after 49 days: the

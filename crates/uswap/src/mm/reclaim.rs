@@ -128,6 +128,7 @@ pub(crate) fn reclaim_loop(shared: &Shared) {
             None
         };
         if let Some(v) = victim {
+            shared.evicting.fetch_add(1, Ordering::Relaxed);
             flush_due(shared, &mut plugs, false, &mut staging, &mut pace);
             plug_victim(shared, &mut plugs, v, &mut staging, &mut pace);
             continue;
@@ -276,7 +277,9 @@ fn flush_and_pace(
     pace: &mut Pace,
 ) -> bool {
     let tried = plug.len();
-    let stuck = match flush(shared, plug, staging) {
+    let flushed = flush(shared, plug, staging);
+    shared.evicting.fetch_sub(tried, Ordering::Release);
+    let stuck = match flushed {
         Flushed::Progress => {
             pace.unfit_in_row = 0;
             false
@@ -1397,6 +1400,7 @@ fn release_plug(shared: &Shared, plug: &mut Vec<Victim>) {
     }
     let _gate = shared.read_gate();
     let mut none = Vec::new();
+    let held = plug.len();
     for v in plug.drain(..) {
         let f = &v.region.folios[v.folio];
         f.set(RESIDENT | (f.load() & folio::EXTRA));
@@ -1412,4 +1416,5 @@ fn release_plug(shared: &Shared, plug: &mut Vec<Victim>) {
             &mut none,
         );
     }
+    shared.evicting.fetch_sub(held, Ordering::Release);
 }
