@@ -822,3 +822,65 @@ fn memory_that_does_not_compress_given_up_and_written_again_is_counted_once() {
         );
     });
 }
+
+/// Swaps a region of 64K folios out and lifts the limit: every folio then
+/// comes back by a swap-in of its own, with no reclaim beside it.
+fn swapped_out_64k_folios(rt: &Runtime, len: usize) -> uswap::mm::Region {
+    let region = rt.map(len).unwrap();
+    fill_and_evict(rt, &region);
+    rt.set_memory_high(64 * MIB);
+    region
+}
+
+/// One thread faulting its folios back in turn has no other fault to be
+/// served beside its swap-ins: after the first two, the event thread
+/// brings them in itself rather than waking a filler for each.
+#[test]
+fn swap_ins_of_one_thread_faulting_in_turn_are_not_handed_on() {
+    within(Duration::from_secs(60), || {
+        let rt = runtime(MIB, 64 << 10, 8, false);
+        let region = swapped_out_64k_folios(&rt, 8 * MIB);
+        let w = Words::of(&region);
+        let per_folio = (64 << 10) / 8;
+        let before = rt.stats();
+        for i in (0..w.count).step_by(per_folio) {
+            assert_eq!(w.read(i), i as u64 ^ 0x5555, "word {i}");
+        }
+        let s = rt.stats();
+        let swap_ins = s.pgmajfault - before.pgmajfault;
+        let handed_on = s.swapins_handed_off - before.swapins_handed_off;
+        assert!(swap_ins > 64, "{swap_ins} swap-ins: {s:?}");
+        assert!(handed_on <= 2, "{handed_on} of {swap_ins} swap-ins handed on");
+    });
+}
+
+/// Threads faulting at once keep their swap-ins handed on: each is
+/// brought in beside the others' instead of after them.
+#[test]
+fn swap_ins_of_threads_faulting_at_once_are_handed_on() {
+    within(Duration::from_secs(60), || {
+        let rt = runtime(MIB, 64 << 10, 8, false);
+        let region = swapped_out_64k_folios(&rt, 16 * MIB);
+        let w = Words::of(&region);
+        let per_folio = (64 << 10) / 8;
+        let folios = w.count / per_folio;
+        let before = rt.stats();
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                s.spawn(move || {
+                    for k in (t..folios).step_by(4) {
+                        let i = k * per_folio + 5;
+                        assert_eq!(w.read(i), i as u64 ^ 0x5555, "word {i}");
+                    }
+                });
+            }
+        });
+        let s = rt.stats();
+        let swap_ins = s.pgmajfault - before.pgmajfault;
+        let handed_on = s.swapins_handed_off - before.swapins_handed_off;
+        assert!(
+            handed_on * 4 > swap_ins,
+            "{handed_on} of {swap_ins} swap-ins handed on"
+        );
+    });
+}

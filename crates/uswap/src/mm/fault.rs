@@ -16,7 +16,11 @@
 //! another thread is served beside it rather than after it. Two threads
 //! faulting on 64K folios waited for each other's decompression before:
 //! `uswap bench faults --faults 4000 --mode no-pressure --folios 64k
-//! --handoff-pages 0,2` gave p50 166 against 128 us in one run.
+//! --handoff-pages 0,2` gave p50 166 against 128 us in one run. With no
+//! other fault coming meanwhile, the hand-off only costs (the filler's
+//! wake-up, and the event thread's spin for the next fault, which it
+//! leaves the CPU to the filler for): [`HandoffPays`] keeps count of which
+//! it has been lately.
 //!
 //! Room is first come, first served: while any fault waits for room, the
 //! event thread hands on every fault that needs room too instead of taking
@@ -42,8 +46,8 @@ use super::Shared;
 use crate::page::{page_floor, PAGE_SIZE};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const POLL_TIMEOUT_MS: i32 = 50;
@@ -60,7 +64,95 @@ pub(crate) enum FillerJob {
         fault: Fault,
         region: Arc<RegionInner>,
         folio: usize,
+        /// Set once the event thread reads a fault of another thread while
+        /// this job is in flight (see [`HandoffPays`]).
+        beside: Arc<AtomicBool>,
     },
+}
+
+/// Whether handing the swap-ins of large folios to a filler has paid
+/// lately. It pays when another fault comes while one is brought in: the
+/// event thread reads and serves that fault beside the filler instead of
+/// after the swap-in. With none (one thread faulting in turn), it costs
+/// the filler's wake-up and the event thread's spin for the next fault.
+/// Each large swap-in tells which it was: one handed on, whether the event
+/// thread read a fault of another thread while the filler worked; one
+/// served by the event thread itself, whether a fault of another thread
+/// was waiting once it was done. (The faulting thread's own next fault
+/// does not count: woken by the install, it may fault again before the
+/// server has finished the swap-in's bookkeeping.) They are
+/// kept as a two-bit branch predictor keeps its history: a count from 0 to
+/// 3, raised by a swap-in another fault came beside and lowered by one
+/// none did; hand-offs go on while it is 2 or more. It starts at 3 (handing
+/// off), so that two swap-ins in a row with no fault beside them turn to
+/// serving in place, and two that had one turn back.
+///
+/// `uswap bench faults --mode no-pressure --folios 64k --threads 1
+/// --size 96M --faults 1536`, five runs each alternating with the runtime
+/// that always handed on: a median p50 of 95.1 against 109.0 us; with
+/// `--threads 2`, 117.1 against 116.9 us (hand-offs kept).
+pub(crate) struct HandoffPays {
+    count: AtomicU8,
+    /// The swap-ins handed on and not yet done, with their faulting
+    /// threads.
+    in_flight: Mutex<Vec<(u32, Arc<AtomicBool>)>>,
+}
+
+impl HandoffPays {
+    const MOST: u8 = 3;
+
+    pub fn new() -> HandoffPays {
+        HandoffPays {
+            count: AtomicU8::new(Self::MOST),
+            in_flight: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn pays(&self) -> bool {
+        self.count.load(Ordering::Relaxed) >= 2
+    }
+
+    /// A swap-in for thread `tid` handed on: its flag, for the filler, set
+    /// at once when a swap-in of another thread is in flight already.
+    fn handed_on(&self, tid: u32) -> Arc<AtomicBool> {
+        let mut in_flight = self.in_flight.lock().expect("hand-off lock");
+        let another = in_flight.iter().any(|(t, _)| *t != tid);
+        let beside = Arc::new(AtomicBool::new(another));
+        in_flight.push((tid, beside.clone()));
+        beside
+    }
+
+    /// The event thread takes up a fault of thread `tid` (before its
+    /// swap-in is handed on, if it is): every swap-in handed on for another
+    /// thread has a fault beside it.
+    fn fault_read(&self, tid: u32) {
+        let in_flight = self.in_flight.lock().expect("hand-off lock");
+        for (t, beside) in in_flight.iter() {
+            if *t != tid {
+                beside.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A filler is done with the swap-in flagged `beside`.
+    fn done(&self, beside: &Arc<AtomicBool>) {
+        let mut in_flight = self.in_flight.lock().expect("hand-off lock");
+        in_flight.retain(|(_, b)| !Arc::ptr_eq(b, beside));
+        drop(in_flight);
+        self.tell(beside.load(Ordering::Relaxed));
+    }
+
+    /// One swap-in's evidence. The event thread and the fillers may tell at
+    /// once and one of them be lost: a hint, not a count.
+    fn tell(&self, another_fault_came: bool) {
+        let n = self.count.load(Ordering::Relaxed);
+        let next = if another_fault_came {
+            (n + 1).min(Self::MOST)
+        } else {
+            n.saturating_sub(1)
+        };
+        self.count.store(next, Ordering::Relaxed);
+    }
 }
 
 /// Queues `job` for the fillers and wakes one.
@@ -112,6 +204,22 @@ struct EventThread<'a> {
     /// The generation of the reclaimer's drop in place whose first REMOVE
     /// (at its start) has been read, if any (see `read_raw`).
     drop_begun: Option<u64>,
+    /// Where the evidence of a large swap-in this thread served itself
+    /// stands (see [`HandoffPays`]).
+    served_in_place: InPlace,
+}
+
+/// The evidence of a large swap-in the event thread served itself.
+#[derive(Clone, Copy)]
+enum InPlace {
+    /// None waiting to be told.
+    Told,
+    /// One is being served: the faults read with it, if any are left,
+    /// waited for it.
+    Served,
+    /// Served, for this thread, with no fault left: the next poll tells
+    /// whether one of another thread came meanwhile.
+    AtNextPoll(u32),
 }
 
 /// Events one read takes at most.
@@ -405,15 +513,28 @@ impl Server for EventThread<'_> {
         false
     }
 
-    /// Only to a filler that is free: one waiting for room would leave the
-    /// folio waiting behind it.
-    fn hands_off(&self, pages: usize) -> bool {
+    /// Only to a filler that is free (one waiting for room would leave the
+    /// folio waiting behind it); with memory near the limit always (the
+    /// reclaim work, and faults waiting for room, keep this thread's
+    /// reading in demand), and with it well under while that has paid
+    /// lately. Near the limit, the hand-off halved the waits: `uswap bench
+    /// faults --mode pressure --folios 64k --handoff-pages 0,2` gave a p50
+    /// of 161 us served in place against 114 us handed on.
+    fn hands_off(&mut self, pages: usize) -> bool {
         let shared = self.shared;
         let min = shared.config.handoff_pages;
-        min > 0
-            && pages >= min
-            && shared.filler_jobs.load(Ordering::Acquire) < shared.config.fillers.max(1)
-            && !shared.shutdown.load(Ordering::Acquire)
+        if min == 0
+            || pages < min
+            || shared.filler_jobs.load(Ordering::Acquire) >= shared.config.fillers.max(1)
+            || shared.shutdown.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        if !reclaim_idle(shared) || shared.handoff_pays.pays() {
+            return true;
+        }
+        self.served_in_place = InPlace::Served;
+        false
     }
 
     fn enter<'s>(&self, shared: &'s Shared) -> Option<Pass<'s>> {
@@ -452,6 +573,7 @@ pub(crate) fn event_loop(shared: &Shared) {
         reaped: Instant::now(),
         last_event: Instant::now(),
         drop_begun: None,
+        served_in_place: InPlace::Told,
     };
     shared.thread_started();
     while !shared.shutdown.load(Ordering::Acquire) {
@@ -495,9 +617,13 @@ impl EventThread<'_> {
                 && shared.filler_jobs.load(Ordering::Acquire) == 0;
             let timeout = if spinning || held { 0 } else { POLL_TIMEOUT_MS };
             // SAFETY: `pollfds` is a valid array of its length for the call.
-            if unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) }
-                <= 0
-            {
+            let ready =
+                unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) };
+            if ready <= 0 {
+                if let InPlace::AtNextPoll(_) = self.served_in_place {
+                    self.served_in_place = InPlace::Told;
+                    shared.handoff_pays.tell(false);
+                }
                 if held {
                     std::thread::yield_now();
                 } else if spinning {
@@ -511,6 +637,11 @@ impl EventThread<'_> {
             }
             self.read_pending();
             self.last_event = Instant::now();
+            if let InPlace::AtNextPoll(tid) = self.served_in_place {
+                self.served_in_place = InPlace::Told;
+                let another = self.backlog.iter().any(|f| f.tid != tid);
+                shared.handoff_pays.tell(another);
+            }
         }
         #[cfg(feature = "fault-injection")]
         if !self.follow_ups.is_empty() {
@@ -524,9 +655,22 @@ impl EventThread<'_> {
         }
         while let Some(fault) = self.backlog.pop_front() {
             bump(&shared.counters.faults);
+            if shared.filler_jobs.load(Ordering::Acquire) > 0 {
+                shared.handoff_pays.fault_read(fault.tid);
+            }
             if !handle_fault(shared, &fault, self) {
                 shared.waiting_for_room.fetch_add(1, Ordering::AcqRel);
                 hand_to_fillers(shared, FillerJob::MustWait(fault));
+                continue;
+            }
+            if let InPlace::Served = self.served_in_place {
+                if self.backlog.is_empty() {
+                    self.served_in_place = InPlace::AtNextPoll(fault.tid);
+                } else {
+                    self.served_in_place = InPlace::Told;
+                    let another = self.backlog.iter().any(|f| f.tid != fault.tid);
+                    shared.handoff_pays.tell(another);
+                }
             }
         }
         self.pass = None;
@@ -588,7 +732,11 @@ impl EventThread<'_> {
                     fault,
                     region,
                     folio,
-                } => bring_in(shared, &fault, &region, folio, self),
+                    beside,
+                } => {
+                    bring_in(shared, &fault, &region, folio, self);
+                    shared.handoff_pays.done(&beside);
+                }
             }
             shared.filler_jobs.fetch_sub(1, Ordering::AcqRel);
         }
@@ -711,9 +859,11 @@ pub(crate) fn filler_loop(shared: &Shared) {
                 fault,
                 region,
                 folio,
+                beside,
             } => {
                 bring_in(shared, &fault, &region, folio, &mut Worker);
                 shared.fault_latency.record(fault.read_at.elapsed());
+                shared.handoff_pays.done(&beside);
             }
         }
         shared.filler_jobs.fetch_sub(1, Ordering::AcqRel);
@@ -826,6 +976,7 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
                         fault: fault.clone(),
                         region,
                         folio,
+                        beside: shared.handoff_pays.handed_on(fault.tid),
                     },
                 );
                 return true;

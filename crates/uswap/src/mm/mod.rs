@@ -276,6 +276,8 @@ pub(crate) struct Shared {
     pub faults: (Mutex<VecDeque<FillerJob>>, Condvar),
     /// Jobs queued for the fillers or being done by them.
     pub filler_jobs: AtomicUsize,
+    /// Whether handing swap-ins to the fillers has paid lately.
+    pub handoff_pays: fault::HandoffPays,
     pub counters: Counters,
     /// Forked children that touched their beacon page: pid -> space id
     /// (see [`Runtime::adopt`]).
@@ -470,6 +472,7 @@ impl Runtime {
             unprotects: Unprotects::default(),
             faults: (Mutex::new(VecDeque::new()), Condvar::new()),
             filler_jobs: AtomicUsize::new(0),
+            handoff_pays: fault::HandoffPays::new(),
             counters: Counters::default(),
             fault_latency: latency::Histogram::default(),
             beacon_hits: Mutex::new(std::collections::HashMap::new()),

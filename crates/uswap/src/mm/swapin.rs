@@ -41,7 +41,7 @@ pub(crate) trait Server {
     fn may_wait(&self) -> bool;
     /// Whether it hands the swap-in of a folio of `pages` pages to a filler
     /// rather than doing it itself (see `RuntimeConfig::handoff_pages`).
-    fn hands_off(&self, _pages: usize) -> bool {
+    fn hands_off(&mut self, _pages: usize) -> bool {
         false
     }
     /// Called when an ioctl meets a changing address space (EAGAIN), with no
