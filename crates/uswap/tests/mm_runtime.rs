@@ -833,8 +833,9 @@ fn swapped_out_64k_folios(rt: &Runtime, len: usize) -> uswap::mm::Region {
 }
 
 /// One thread faulting its folios back in turn has no other fault to be
-/// served beside its swap-ins: after the first two, the event thread
-/// brings them in itself rather than waking a filler for each.
+/// served beside its swap-ins: after the first few (at most three, as the
+/// verdict on each comes once its filler is done), the event thread brings
+/// them in itself rather than waking a filler for each.
 #[test]
 fn swap_ins_of_one_thread_faulting_in_turn_are_not_handed_on() {
     within(Duration::from_secs(60), || {
@@ -850,7 +851,7 @@ fn swap_ins_of_one_thread_faulting_in_turn_are_not_handed_on() {
         let swap_ins = s.pgmajfault - before.pgmajfault;
         let handed_on = s.swapins_handed_off - before.swapins_handed_off;
         assert!(swap_ins > 64, "{swap_ins} swap-ins: {s:?}");
-        assert!(handed_on <= 2, "{handed_on} of {swap_ins} swap-ins handed on");
+        assert!(handed_on <= 3, "{handed_on} of {swap_ins} swap-ins handed on");
     });
 }
 

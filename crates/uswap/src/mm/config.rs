@@ -43,10 +43,10 @@ pub struct RuntimeConfig {
     /// a fault of another thread is then served beside it instead of after
     /// it. A single event thread serves faults one at a time, so two
     /// threads faulting on 64K folios each waited for the other's swap-in
-    /// too. The event thread hands on only while that has paid lately
-    /// (another fault came while a swap-in was served; see
-    /// `fault::HandoffPays`), as a hand-off costs a wake-up of the filler.
-    /// Zero: never.
+    /// too. Near the limit it always hands on; well under it, only while
+    /// that has paid lately (another thread's fault came while a swap-in
+    /// was served; see `fault::HandoffPays`), as a hand-off costs a
+    /// wake-up of the filler. Zero: never.
     pub handoff_pages: usize,
     /// How long a partly filled plug waits for more folios.
     pub plug_timeout: Duration,

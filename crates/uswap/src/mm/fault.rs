@@ -64,8 +64,9 @@ pub(crate) enum FillerJob {
         fault: Fault,
         region: Arc<RegionInner>,
         folio: usize,
-        /// Set once the event thread reads a fault of another thread while
-        /// this job is in flight (see [`HandoffPays`]).
+        /// Set when the job is handed on while another thread's is in
+        /// flight, or once the event thread takes up a fault of another
+        /// thread while this one is (see [`HandoffPays`]).
         beside: Arc<AtomicBool>,
     },
 }
@@ -75,7 +76,8 @@ pub(crate) enum FillerJob {
 /// event thread reads and serves that fault beside the filler instead of
 /// after the swap-in. With none (one thread faulting in turn), it costs
 /// the filler's wake-up and the event thread's spin for the next fault.
-/// Each large swap-in tells which it was: one handed on, whether the event
+/// Each large swap-in that had a free filler to go to tells which it was:
+/// one handed on, whether the event
 /// thread read a fault of another thread while the filler worked; one
 /// served by the event thread itself, whether a fault of another thread
 /// was waiting once it was done. (The faulting thread's own next fault
@@ -85,7 +87,13 @@ pub(crate) enum FillerJob {
 /// 3, raised by a swap-in another fault came beside and lowered by one
 /// none did; hand-offs go on while it is 2 or more. It starts at 3 (handing
 /// off), so that two swap-ins in a row with no fault beside them turn to
-/// serving in place, and two that had one turn back.
+/// serving in place, and after a run of those two that had one turn back.
+/// A filler tells once it is done, after its install has woken the
+/// faulting thread, whose next fault may be taken up first: one thread
+/// faulting in turn sees up to three hand-offs before the turn.
+/// (A fault of another thread on the very folio being brought in counts
+/// as one beside it, though it only waits for that folio: threads sharing
+/// folios keep handing off, as they did before this count.)
 ///
 /// `uswap bench faults --mode no-pressure --folios 64k --threads 1
 /// --size 96M --faults 1536`, five runs each alternating with the runtime
@@ -142,16 +150,24 @@ impl HandoffPays {
         self.tell(beside.load(Ordering::Relaxed));
     }
 
-    /// One swap-in's evidence. The event thread and the fillers may tell at
-    /// once and one of them be lost: a hint, not a count.
+    /// One swap-in's evidence (the event thread and the fillers may tell at
+    /// once).
     fn tell(&self, another_fault_came: bool) {
-        let n = self.count.load(Ordering::Relaxed);
-        let next = if another_fault_came {
-            (n + 1).min(Self::MOST)
-        } else {
-            n.saturating_sub(1)
-        };
-        self.count.store(next, Ordering::Relaxed);
+        let mut n = self.count.load(Ordering::Relaxed);
+        loop {
+            let next = if another_fault_came {
+                (n + 1).min(Self::MOST)
+            } else {
+                n.saturating_sub(1)
+            };
+            match self
+                .count
+                .compare_exchange_weak(n, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => n = now,
+            }
+        }
     }
 }
 
@@ -620,7 +636,9 @@ impl EventThread<'_> {
             let ready =
                 unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) };
             if ready <= 0 {
-                if let InPlace::AtNextPoll(_) = self.served_in_place {
+                // Nothing came (a held space, left out of the poll, may
+                // have a fault waiting: no verdict then).
+                if let (InPlace::AtNextPoll(_), 0, false) = (self.served_in_place, ready, held) {
                     self.served_in_place = InPlace::Told;
                     shared.handoff_pays.tell(false);
                 }
@@ -637,11 +655,6 @@ impl EventThread<'_> {
             }
             self.read_pending();
             self.last_event = Instant::now();
-            if let InPlace::AtNextPoll(tid) = self.served_in_place {
-                self.served_in_place = InPlace::Told;
-                let another = self.backlog.iter().any(|f| f.tid != tid);
-                shared.handoff_pays.tell(another);
-            }
         }
         #[cfg(feature = "fault-injection")]
         if !self.follow_ups.is_empty() {
@@ -652,6 +665,15 @@ impl EventThread<'_> {
             swapin::swap_in(shared, &fu.space, &fu.region, fu.folio, self, false);
             // A region whose range is all gone may have been kept for it.
             fu.space.forget_settled_regions();
+        }
+        // The first faults read after a swap-in served in place (by a poll,
+        // or by a read while an install met EAGAIN).
+        if let InPlace::AtNextPoll(tid) = self.served_in_place {
+            if !self.backlog.is_empty() {
+                self.served_in_place = InPlace::Told;
+                let another = self.backlog.iter().any(|f| f.tid != tid);
+                shared.handoff_pays.tell(another);
+            }
         }
         while let Some(fault) = self.backlog.pop_front() {
             bump(&shared.counters.faults);
