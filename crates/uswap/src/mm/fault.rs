@@ -77,13 +77,13 @@ pub(crate) enum FillerJob {
 /// after the swap-in. With none (one thread faulting in turn), it costs
 /// the filler's wake-up and the event thread's spin for the next fault.
 /// Each large swap-in that had a free filler to go to tells which it was:
-/// one handed on, whether the event
-/// thread read a fault of another thread while the filler worked; one
-/// served by the event thread itself, whether a fault of another thread
-/// was waiting once it was done. (The faulting thread's own next fault
-/// does not count: woken by the install, it may fault again before the
-/// server has finished the swap-in's bookkeeping.) They are
-/// kept as a two-bit branch predictor keeps its history: a count from 0 to
+/// one handed on, whether the event thread took up a fault of another
+/// thread while the filler worked; one served by the event thread itself,
+/// whether a fault of another thread was waiting once it was done. (The
+/// faulting thread's own next fault does not count: woken by the install,
+/// it may fault again before the server has finished the swap-in's
+/// bookkeeping.) They are kept as a two-bit branch predictor keeps its
+/// history: a count from 0 to
 /// 3, raised by a swap-in another fault came beside and lowered by one
 /// none did; hand-offs go on while it is 2 or more. It starts at 3 (handing
 /// off), so that two swap-ins in a row with no fault beside them turn to
@@ -233,8 +233,9 @@ enum InPlace {
     /// One is being served: the faults read with it, if any are left,
     /// waited for it.
     Served,
-    /// Served, for this thread, with no fault left: the next poll tells
-    /// whether one of another thread came meanwhile.
+    /// Served, for this thread, with no fault left: the first faults read
+    /// next tell whether one of another thread came meanwhile (a poll that
+    /// finds nothing, that none did).
     AtNextPoll(u32),
 }
 
@@ -533,9 +534,9 @@ impl Server for EventThread<'_> {
     /// folio waiting behind it); with memory near the limit always (the
     /// reclaim work, and faults waiting for room, keep this thread's
     /// reading in demand), and with it well under while that has paid
-    /// lately. Near the limit, the hand-off halved the waits: `uswap bench
-    /// faults --mode pressure --folios 64k --handoff-pages 0,2` gave a p50
-    /// of 161 us served in place against 114 us handed on.
+    /// lately. Near the limit, the hand-off shortened the waits: `uswap
+    /// bench faults --mode pressure --folios 64k --handoff-pages 0,2` gave a
+    /// p50 of 161 us served in place against 114 us handed on.
     fn hands_off(&mut self, pages: usize) -> bool {
         let shared = self.shared;
         let min = shared.config.handoff_pages;
