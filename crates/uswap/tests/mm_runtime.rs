@@ -851,7 +851,10 @@ fn swap_ins_of_one_thread_faulting_in_turn_are_not_handed_on() {
         let swap_ins = s.pgmajfault - before.pgmajfault;
         let handed_on = s.swapins_handed_off - before.swapins_handed_off;
         assert!(swap_ins > 64, "{swap_ins} swap-ins: {s:?}");
-        assert!(handed_on <= 3, "{handed_on} of {swap_ins} swap-ins handed on");
+        assert!(
+            handed_on <= 3,
+            "{handed_on} of {swap_ins} swap-ins handed on"
+        );
     });
 }
 
