@@ -47,7 +47,7 @@ use crate::page::{page_floor, PAGE_SIZE};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const POLL_TIMEOUT_MS: i32 = 50;
@@ -98,12 +98,15 @@ pub(crate) enum FillerJob {
 /// `uswap bench faults --mode no-pressure --folios 64k --threads 1
 /// --size 96M --faults 1536`, five runs each alternating with the runtime
 /// that always handed on: a median p50 of 95.1 against 109.0 us; with
-/// `--threads 2`, 117.1 against 116.9 us (hand-offs kept).
+/// `--threads 2`, 117.1 against 116.9 us (hand-offs kept). Near the limit
+/// the bookkeeping costs nothing that shows: six alternating pairs of
+/// `uswap run --memory-high 32M --folio-size 64k --compressor lzo-rle --
+/// touch faults 256 2 20000 corpus/*.pages` gave a mean p50 of 129.4
+/// against 129.2 us. It is the event thread's own (a list of the flags it
+/// handed out), not shared under a lock: with one, 10 pairs of the same
+/// runs were slower than the runtime without it in every pair.
 pub(crate) struct HandoffPays {
     count: AtomicU8,
-    /// The swap-ins handed on and not yet done, with their faulting
-    /// threads.
-    in_flight: Mutex<Vec<(u32, Arc<AtomicBool>)>>,
 }
 
 impl HandoffPays {
@@ -112,7 +115,6 @@ impl HandoffPays {
     pub fn new() -> HandoffPays {
         HandoffPays {
             count: AtomicU8::new(Self::MOST),
-            in_flight: Mutex::new(Vec::new()),
         }
     }
 
@@ -120,33 +122,9 @@ impl HandoffPays {
         self.count.load(Ordering::Relaxed) >= 2
     }
 
-    /// A swap-in for thread `tid` handed on: its flag, for the filler, set
-    /// at once when a swap-in of another thread is in flight already.
-    fn handed_on(&self, tid: u32) -> Arc<AtomicBool> {
-        let mut in_flight = self.in_flight.lock().expect("hand-off lock");
-        let another = in_flight.iter().any(|(t, _)| *t != tid);
-        let beside = Arc::new(AtomicBool::new(another));
-        in_flight.push((tid, beside.clone()));
-        beside
-    }
-
-    /// The event thread takes up a fault of thread `tid` (before its
-    /// swap-in is handed on, if it is): every swap-in handed on for another
-    /// thread has a fault beside it.
-    fn fault_read(&self, tid: u32) {
-        let in_flight = self.in_flight.lock().expect("hand-off lock");
-        for (t, beside) in in_flight.iter() {
-            if *t != tid {
-                beside.store(true, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// A filler is done with the swap-in flagged `beside`.
-    fn done(&self, beside: &Arc<AtomicBool>) {
-        let mut in_flight = self.in_flight.lock().expect("hand-off lock");
-        in_flight.retain(|(_, b)| !Arc::ptr_eq(b, beside));
-        drop(in_flight);
+    /// A filler is done with the swap-in flagged `beside` (and lets the
+    /// flag go, which tells the event thread it is done).
+    fn done(&self, beside: Arc<AtomicBool>) {
         self.tell(beside.load(Ordering::Relaxed));
     }
 
@@ -223,6 +201,9 @@ struct EventThread<'a> {
     /// Where the evidence of a large swap-in this thread served itself
     /// stands (see [`HandoffPays`]).
     served_in_place: InPlace,
+    /// The swap-ins handed on, with their faulting threads and flags; a
+    /// flag the filler has let go of (only this one left) is done.
+    handed_on: Vec<(u32, Arc<AtomicBool>)>,
 }
 
 /// The evidence of a large swap-in the event thread served itself.
@@ -537,7 +518,7 @@ impl Server for EventThread<'_> {
     /// lately. Near the limit, the hand-off shortened the waits: `uswap
     /// bench faults --mode pressure --folios 64k --handoff-pages 0,2` gave a
     /// p50 of 161 us served in place against 114 us handed on.
-    fn hands_off(&mut self, pages: usize) -> bool {
+    fn hands_off(&mut self, pages: usize, tid: u32) -> Option<Arc<AtomicBool>> {
         let shared = self.shared;
         let min = shared.config.handoff_pages;
         if min == 0
@@ -545,13 +526,18 @@ impl Server for EventThread<'_> {
             || shared.filler_jobs.load(Ordering::Acquire) >= shared.config.fillers.max(1)
             || shared.shutdown.load(Ordering::Acquire)
         {
-            return false;
+            return None;
         }
         if !reclaim_idle(shared) || shared.handoff_pays.pays() {
-            return true;
+            // Another thread's swap-in in flight already is beside it.
+            self.handed_on.retain(|(_, b)| Arc::strong_count(b) > 1);
+            let another = self.handed_on.iter().any(|&(t, _)| t != tid);
+            let beside = Arc::new(AtomicBool::new(another));
+            self.handed_on.push((tid, beside.clone()));
+            return Some(beside);
         }
         self.served_in_place = InPlace::Served;
-        false
+        None
     }
 
     fn enter<'s>(&self, shared: &'s Shared) -> Option<Pass<'s>> {
@@ -591,6 +577,7 @@ pub(crate) fn event_loop(shared: &Shared) {
         last_event: Instant::now(),
         drop_begun: None,
         served_in_place: InPlace::Told,
+        handed_on: Vec::new(),
     };
     shared.thread_started();
     while !shared.shutdown.load(Ordering::Acquire) {
@@ -678,8 +665,12 @@ impl EventThread<'_> {
         }
         while let Some(fault) = self.backlog.pop_front() {
             bump(&shared.counters.faults);
-            if shared.filler_jobs.load(Ordering::Acquire) > 0 {
-                shared.handoff_pays.fault_read(fault.tid);
+            // Every swap-in handed on for another thread, still in flight,
+            // has a fault beside it.
+            for (t, beside) in &self.handed_on {
+                if *t != fault.tid && Arc::strong_count(beside) > 1 {
+                    beside.store(true, Ordering::Relaxed);
+                }
             }
             if !handle_fault(shared, &fault, self) {
                 shared.waiting_for_room.fetch_add(1, Ordering::AcqRel);
@@ -758,7 +749,7 @@ impl EventThread<'_> {
                     beside,
                 } => {
                     bring_in(shared, &fault, &region, folio, self);
-                    shared.handoff_pays.done(&beside);
+                    shared.handoff_pays.done(beside);
                 }
             }
             shared.filler_jobs.fetch_sub(1, Ordering::AcqRel);
@@ -886,7 +877,7 @@ pub(crate) fn filler_loop(shared: &Shared) {
             } => {
                 bring_in(shared, &fault, &region, folio, &mut Worker);
                 shared.fault_latency.record(fault.read_at.elapsed());
-                shared.handoff_pays.done(&beside);
+                shared.handoff_pays.done(beside);
             }
         }
         shared.filler_jobs.fetch_sub(1, Ordering::AcqRel);
@@ -909,7 +900,7 @@ enum Step {
     Again,
     /// The fault's folio is taken for loading (LOADING), to be brought in
     /// by a filler (see `RuntimeConfig::handoff_pages`).
-    HandOff(Arc<RegionInner>, usize),
+    HandOff(Arc<RegionInner>, usize, Arc<AtomicBool>),
 }
 
 /// The folio a zero page goes into: (runtime, region, folio).
@@ -991,7 +982,7 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
                 return true;
             }
             Step::MustWait => return false,
-            Step::HandOff(region, folio) => {
+            Step::HandOff(region, folio, beside) => {
                 bump(&shared.counters.swapins_handed_off);
                 hand_to_fillers(
                     shared,
@@ -999,7 +990,7 @@ fn handle_fault(shared: &Shared, fault: &Fault, server: &mut dyn Server) -> bool
                         fault: fault.clone(),
                         region,
                         folio,
-                        beside: shared.handoff_pays.handed_on(fault.tid),
+                        beside,
                     },
                 );
                 return true;
@@ -1091,8 +1082,10 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
                     folio::with_slot(LOADING, folio::slot(w)) | (w & folio::EXTRA),
                 ) {
                     drop(gate);
-                    if server.hands_off(region.pages_per_folio() as usize) {
-                        return Step::HandOff(region, i);
+                    if let Some(beside) =
+                        server.hands_off(region.pages_per_folio() as usize, fault.tid)
+                    {
+                        return Step::HandOff(region, i, beside);
                     }
                     bring_in(shared, fault, &region, i, server);
                     return Step::Done;

@@ -33,16 +33,19 @@ use super::uffd::{Partial, UffdError};
 use super::Shared;
 use crate::page::PAGE_SIZE;
 use std::cell::RefCell;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The thread doing the work: what it may do while it does.
 pub(crate) trait Server {
     /// Whether it may wait for reclaim.
     fn may_wait(&self) -> bool;
-    /// Whether it hands the swap-in of a folio of `pages` pages to a filler
-    /// rather than doing it itself (see `RuntimeConfig::handoff_pages`).
-    fn hands_off(&mut self, _pages: usize) -> bool {
-        false
+    /// Whether it hands the swap-in of a folio of `pages` pages, for thread
+    /// `tid`'s fault, to a filler rather than doing it itself (see
+    /// `RuntimeConfig::handoff_pages`): if so, the flag the filler reads
+    /// once it is done (see `fault::HandoffPays`).
+    fn hands_off(&mut self, _pages: usize, _tid: u32) -> Option<Arc<AtomicBool>> {
+        None
     }
     /// Called when an ioctl meets a changing address space (EAGAIN), with no
     /// lock held: the event thread reads the pending events there, any other
