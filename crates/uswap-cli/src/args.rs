@@ -77,9 +77,10 @@ pub struct DeviceArgs {
     /// Let the caller run jobs of its own batch while the engines work.
     #[arg(long)]
     pub caller_assist: bool,
-    /// Do not pin engines to CPUs.
+    /// Pin engine i to CPU i (off by default, as in the runtime: a pinned
+    /// engine cannot leave a CPU another process keeps busy).
     #[arg(long)]
-    pub no_pin: bool,
+    pub pin: bool,
     /// Microseconds an idle engine polls before it sleeps.
     #[arg(long, default_value_t = 50)]
     pub idle_poll_us: u64,
@@ -100,7 +101,7 @@ impl DeviceArgs {
             batch_size: self.batch_size as usize,
             mapping: self.mapping,
             caller_assist: self.caller_assist,
-            pin: !self.no_pin,
+            pin: self.pin,
             idle_poll: Duration::from_micros(self.idle_poll_us),
             wait_poll: Duration::from_micros(self.wait_poll_us),
             verify: self.verify,

@@ -328,3 +328,52 @@ fn concurrent_callers_share_a_device() {
         t.join().unwrap();
     }
 }
+
+/// The CPUs thread `tid` of this process may run on, as the kernel lists
+/// them (`Cpus_allowed_list`); None once the thread has ended.
+fn allowed_cpus(tid: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("a Cpus_allowed_list line");
+    Some(list.trim().to_string())
+}
+
+/// The engine threads of this process now, with the CPUs each may run on.
+fn engine_threads() -> Vec<(String, String)> {
+    let mut engines = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let tid = task.unwrap().file_name().into_string().unwrap();
+        let Ok(comm) = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) else {
+            continue; // the thread has ended
+        };
+        if comm.starts_with("uswap-engine-") {
+            if let Some(cpus) = allowed_cpus(&tid) {
+                engines.push((tid, cpus));
+            }
+        }
+    }
+    engines
+}
+
+/// Engines are not pinned by default: one pinned to a CPU that another
+/// process keeps busy cannot move away, and every batch waits for that
+/// process's time slices (see `DeviceConfig::pin`).
+#[test]
+fn engines_may_run_on_every_cpu_the_process_may() {
+    let device = Device::new(DeviceConfig::with_engines(2)).unwrap();
+    let process = allowed_cpus(&std::process::id().to_string()).unwrap();
+    // A new thread takes its name as it starts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut engines = engine_threads();
+    while engines.len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+        engines = engine_threads();
+    }
+    assert!(engines.len() >= 2, "engine threads found: {engines:?}");
+    for (tid, cpus) in engines {
+        assert_eq!(cpus, process, "engine thread {tid}");
+    }
+    drop(device);
+}
