@@ -664,9 +664,7 @@ impl EventThread<'_> {
         // or by a read while an install met EAGAIN).
         if let InPlace::AtNextPoll(tid) = self.served_in_place {
             if !self.backlog.is_empty() {
-                self.served_in_place = InPlace::Told;
-                let another = self.backlog.iter().any(|f| f.tid != tid);
-                shared.handoff_pays.tell(another);
+                self.tell_in_place(tid);
             }
         }
         while let Some(fault) = self.backlog.pop_front() {
@@ -687,13 +685,20 @@ impl EventThread<'_> {
                 if self.backlog.is_empty() {
                     self.served_in_place = InPlace::AtNextPoll(fault.tid);
                 } else {
-                    self.served_in_place = InPlace::Told;
-                    let another = self.backlog.iter().any(|f| f.tid != fault.tid);
-                    shared.handoff_pays.tell(another);
+                    self.tell_in_place(fault.tid);
                 }
             }
         }
         self.pass = None;
+    }
+
+    /// Tells the evidence of a swap-in served in place for thread `tid`
+    /// from the faults read and not yet served: whether one of another
+    /// thread is among them (see [`HandoffPays`]).
+    fn tell_in_place(&mut self, tid: u32) {
+        self.served_in_place = InPlace::Told;
+        let another = self.backlog.iter().any(|f| f.tid != tid);
+        self.shared.handoff_pays.tell(another);
     }
 
     /// The runtime is ending. While memory of the process is registered
