@@ -65,17 +65,25 @@ impl Drop for Scratch<'_> {
     }
 }
 
-/// Installs `data` at `start`, reading events (with `on_again`) while the
-/// address space changes; a page already there is fine.
+/// Installs `data` at `start` and wakes whoever waits there, with the
+/// waking UFFDIO_COPY the runtime uses, reading events (with `on_again`)
+/// while the address space changes; a page already there is fine.
 fn install(uffd: &Uffd, start: usize, data: &[u8], mut on_again: impl FnMut()) -> io::Result<()> {
     let mut done = 0;
     while done < data.len() {
-        match uffd.copy(start + done, &data[done..], false) {
+        match uffd.copy_waking(start + done, &data[done..], false) {
             Ok(()) => return Ok(()),
             Err(Partial { filled, error }) => {
                 done += filled;
                 match error {
-                    UffdError::Exists => done += 4096,
+                    // The kernel woke what it filled; the rest is woken
+                    // once it is all there.
+                    UffdError::Exists => {
+                        done += 4096;
+                        if done >= data.len() {
+                            uffd.wake(start, data.len())?;
+                        }
+                    }
                     UffdError::Again => on_again(),
                     e => return Err(e.into()),
                 }
@@ -85,10 +93,28 @@ fn install(uffd: &Uffd, start: usize, data: &[u8], mut on_again: impl FnMut()) -
     Ok(())
 }
 
+/// How the round trip's handler thread waits for the next fault.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum HandlerWaits {
+    /// Asleep in poll: the faulting thread's event must wake it.
+    Sleeping,
+    /// Reading the descriptor in a loop, as the runtime's event thread does
+    /// for a while after each event (`RuntimeConfig::event_spin`).
+    Spinning,
+}
+
 /// Latencies (ns) of `count` first touches, each served by a handler thread
-/// that installs a whole `unit` with one UFFDIO_COPY and wakes the toucher:
-/// the bare round trip a store-backed fault cannot beat.
-pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<u64>> {
+/// that installs a whole `unit` with one waking UFFDIO_COPY: the bare round
+/// trip a store-backed fault cannot beat, with the handler waiting as
+/// `waits` says. On a virtual machine whose idle CPUs halt, a sleeping
+/// handler pays for waking a halted CPU on every fault; a spinning one only
+/// for waking the faulting thread.
+pub fn roundtrip_ns(
+    probe: &Probe,
+    unit: usize,
+    count: usize,
+    waits: HandlerWaits,
+) -> io::Result<Vec<u64>> {
     let scratch = probe.scratch(unit * count)?;
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -97,16 +123,21 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
             let mut events: Vec<Event> = Vec::new();
             while !done.load(Ordering::Acquire) {
                 if events.is_empty() {
-                    let mut pfd = libc::pollfd {
-                        fd: scratch.uffd.raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd for the call.
-                    if unsafe { libc::poll(&mut pfd, 1, 20) } <= 0 {
+                    if waits == HandlerWaits::Sleeping {
+                        let mut pfd = libc::pollfd {
+                            fd: scratch.uffd.raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        };
+                        // SAFETY: one valid pollfd for the call.
+                        if unsafe { libc::poll(&mut pfd, 1, 20) } <= 0 {
+                            continue;
+                        }
+                    }
+                    if scratch.uffd.read_events(&mut events, 64)? == 0 {
+                        std::hint::spin_loop();
                         continue;
                     }
-                    scratch.uffd.read_events(&mut events, 64)?;
                 }
                 let batch = std::mem::take(&mut events);
                 for event in batch {
@@ -124,7 +155,6 @@ pub fn roundtrip_ns(probe: &Probe, unit: usize, count: usize) -> io::Result<Vec<
                         }
                         std::thread::yield_now();
                     })?;
-                    scratch.uffd.wake(start, unit)?;
                 }
             }
             Ok(())
