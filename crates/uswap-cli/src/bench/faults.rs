@@ -54,8 +54,9 @@ pub struct Args {
     #[arg(long, default_value = "pressure,no-pressure", value_delimiter = ',')]
     mode: Vec<Mode>,
     /// How long the event thread looks for the next event before it
-    /// sleeps while memory is well under the limit, in microseconds (the
-    /// runtime's default is 50); several values are measured side by side.
+    /// sleeps (yielding between looks while memory is near the limit), in
+    /// microseconds (the runtime's default is 50); several values are
+    /// measured side by side.
     #[arg(long, default_value = "50", value_delimiter = ',')]
     event_spin_us: Vec<u64>,
     /// Swap-ins of folios of at least this many pages are handed by the

@@ -53,13 +53,13 @@ pub struct RuntimeConfig {
     /// After an event, how long the event thread keeps looking for the next
     /// one before it sleeps in poll: faults come in bursts, and waking a
     /// sleeping thread from another CPU costs tens of microseconds (the
-    /// engines poll before sleeping for the same reason). It spins only
-    /// while memory is well under `memory_high` (see `fault.rs`,
-    /// `reclaim_idle`): then faults make no reclaim work and the CPU is
-    /// otherwise idle. Zero: never. Default 50 us: `uswap bench faults
-    /// --mode pressure,no-pressure --folios 4k,64k --slot-free async
-    /// --event-spin-us 0,50` gave 4K no-pressure p50 18 us against 51 us,
-    /// 92K against 33K pages/s, 64K unchanged.
+    /// engines poll before sleeping for the same reason). Not while a
+    /// filler works; with memory near `memory_high` (see `fault.rs`,
+    /// `reclaim_idle`) it yields the CPU between looks, as the reclaimer
+    /// and the engines need it then. Zero: never. Default 50 us: `uswap
+    /// bench faults --mode pressure,no-pressure --folios 4k,64k --slot-free
+    /// async --event-spin-us 0,50` gave 4K no-pressure p50 18 us against
+    /// 51 us, 92K against 33K pages/s, 64K unchanged.
     pub event_spin: Duration,
     /// Serve forked children (UFFD_FEATURE_EVENT_FORK, which needs
     /// CAP_SYS_PTRACE). Without it a child would read swapped-out memory as
