@@ -2855,10 +2855,8 @@ fn a_clean_folio_whose_protection_was_lost_is_stored_anew() {
         // read: CLEAN.
         let installs = rt.stats().clean_installs;
         check_range(base, base, base + FOLIO, "the folio read back");
-        // The install wakes the reader before it publishes the folio and
-        // counts it.
         assert!(
-            eventually(|| rt.stats().clean_installs > installs),
+            rt.stats().clean_installs > installs,
             "the folio did not come back CLEAN: {:?}",
             rt.stats()
         );
@@ -3442,7 +3440,7 @@ fn late_lift_over_a_clean_folio() {
     rt.release_lift();
     mover.join().unwrap();
     assert!(
-        eventually(|| rt.stats().clean_installs > 0),
+        rt.stats().clean_installs > 0,
         "the moved folio came back CLEAN"
     );
     drop(region);

@@ -71,7 +71,7 @@ impl Drop for Scratch<'_> {
 fn install(uffd: &Uffd, start: usize, data: &[u8], mut on_again: impl FnMut()) -> io::Result<()> {
     let mut done = 0;
     while done < data.len() {
-        match uffd.copy_waking(start + done, &data[done..], false) {
+        match uffd.copy_waking(start + done, &data[done..]) {
             Ok(()) => return Ok(()),
             Err(Partial { filled, error }) => {
                 done += filled;

@@ -193,15 +193,12 @@ pub(crate) fn install(
             // place: the copy wakes the folio's waiters itself, before
             // `finish` publishes it. No thread can then be told the folio
             // is busy and left to wait for a wake that will not come:
-            // faults are served only once read under the gate's write side
-            // (see `EventThread::read_pending`), and this holds its read
-            // side until `finish` is done. So a woken writer's fault on a
-            // protected page is served after the folio is published CLEAN,
-            // as `serve_write_protected` needs.
-            let waking = p == 0 && q == pages && dst == at && !matches!(source, Source::Poison);
+            // faults are read only under the gate's write side, and this
+            // holds its read side until `finish` is done. Not for protected
+            // installs, whose writers must find the folio settled.
+            let waking = p == 0 && q == pages && dst == at && matches!(source, Source::Data(_));
             let filled = match source {
-                Source::Data(data) if waking => space.uffd.copy_waking(dst, data, false),
-                Source::Protected(data) if waking => space.uffd.copy_waking(dst, data, true),
+                Source::Data(data) if waking => space.uffd.copy_waking(dst, data),
                 _ => fill(space, dst, p, q, source),
             };
             match filled {

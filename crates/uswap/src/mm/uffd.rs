@@ -478,8 +478,8 @@ impl Uffd {
     /// that wakes the threads waiting on faults in the range once the pages
     /// are in: one call fewer than [`Uffd::copy`] and a wake. On error,
     /// [`Partial::filled`] says how far it got (the kernel woke that part).
-    pub fn copy_waking(&self, dst: usize, src: &[u8], write_protect: bool) -> Result<(), Partial> {
-        self.copy_in_mode(dst, src, if write_protect { COPY_MODE_WP } else { 0 })
+    pub fn copy_waking(&self, dst: usize, src: &[u8]) -> Result<(), Partial> {
+        self.copy_in_mode(dst, src, 0)
     }
 
     fn copy_in_mode(&self, dst: usize, src: &[u8], mode: u64) -> Result<(), Partial> {
