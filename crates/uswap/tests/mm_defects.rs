@@ -3786,6 +3786,53 @@ fn a_folio_written_after_a_drop_and_dropped_again_reads_as_zero_in_a_child() {
     });
 }
 
+/// Found by the `mm_model` soak (seed 310259, 4 KiB folios: a forked
+/// child read old bytes in pages it had dropped, 3 runs in 15): a MADV_FREE
+/// over a stored folio empties it and keeps its entries for a child copied
+/// before the zap, and its witness (a resident page, which the free leaves
+/// in place) says none came. A MADV_DONTNEED of that folio after it, with
+/// nothing written between, found the folio empty and took nothing; a fork
+/// after both then undid the first drop in the child alone, and gave it the
+/// folio's bytes from before both drops. A later drop takes its pages back
+/// from what an earlier one kept, for every child copied after its zap.
+#[test]
+fn a_folio_freed_then_dropped_for_good_reads_as_zero_in_a_child() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, region) = a_stored_folio_beside_a_resident_one();
+        let base = region.as_ptr() as usize;
+        let emptied = base + FOLIO;
+        // SAFETY: the test's own managed memory.
+        unsafe {
+            assert_eq!(libc::madvise(base as *mut _, 2 * FOLIO, libc::MADV_FREE), 0);
+            assert_eq!(
+                libc::madvise(emptied as *mut _, FOLIO, libc::MADV_DONTNEED),
+                0
+            );
+        }
+        assert_zeros_after_fork(&rt, emptied, FOLIO);
+    });
+}
+
+/// As above, with the second drop over part of the folio: that part reads
+/// as zero in a child forked after it.
+#[test]
+fn part_of_a_freed_folio_dropped_for_good_reads_as_zero_in_a_child() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, region) = a_stored_folio_beside_a_resident_one();
+        let base = region.as_ptr() as usize;
+        let half = base + FOLIO + FOLIO / 2;
+        // SAFETY: the test's own managed memory.
+        unsafe {
+            assert_eq!(libc::madvise(base as *mut _, 2 * FOLIO, libc::MADV_FREE), 0);
+            assert_eq!(
+                libc::madvise(half as *mut _, FOLIO / 2, libc::MADV_DONTNEED),
+                0
+            );
+        }
+        assert_zeros_after_fork(&rt, half, FOLIO / 2);
+    });
+}
+
 /// Found in review of the fix above: a folio the drop emptied that the
 /// program had unmapped part of is GONE (untracked), and a touch of it puts
 /// a zero page in with no swap-in to publish. Written and then dropped for

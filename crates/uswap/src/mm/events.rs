@@ -32,7 +32,9 @@
 //! REMOVE is read, and a fork may copy the program in between. What the
 //! drop takes from swapped folios is therefore kept until the zap is seen
 //! done with no fork in flight, and a fork applied meanwhile asks its
-//! child which side of the zap it was copied on ([`UnsettledDrop`]).
+//! child which side of the zap it was copied on ([`UnsettledDrop`]). A
+//! later drop over pages an earlier one still keeps takes them back from
+//! it, for every child copied after its own zap (`retaken`).
 
 use super::folio::{
     self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
@@ -116,6 +118,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         resident: Vec::new(),
         emptied: Vec::new(),
         holed: Vec::new(),
+        retaken: Vec::new(),
         at_ms: shared.now_ms(),
         zapped: false,
         settled: false,
@@ -137,6 +140,11 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         // folios being evicted (their pages stay until the eviction moves
         // them out), after the resident ones.
         let part = (region.folio_addr(i) + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE);
+        if kept_by_a_drop(space, region.id, i) {
+            let mut pages = PageMask::default();
+            pages.insert_range(lo, hi);
+            unsettled.retaken.push((region.id, i, pages));
+        }
         match folio::state(w) {
             RESIDENT => unsettled.resident.push(part),
             EVICTING => evicting.push(part),
@@ -195,6 +203,39 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
     keep_until_zapped(shared, space, unsettled);
 }
 
+/// Whether an unsettled drop of `space` emptied or holed folio `i` of
+/// region `region`.
+fn kept_by_a_drop(space: &Space, region: u32, i: usize) -> bool {
+    space.has_unsettled_drops.load(Ordering::Acquire)
+        && space
+            .unsettled_drops
+            .lock()
+            .expect("unsettled drops lock")
+            .iter()
+            .any(|d| {
+                d.emptied.iter().any(|e| e.region == region && e.folio == i)
+                    || d.holed.iter().any(|&(r, f, _)| r == region && f == i)
+            })
+}
+
+/// Takes the pages a drop dropped again (`retaken`) from what an earlier
+/// drop `d` kept: holes in the folios it emptied (with every page a hole
+/// an undo gives nothing back), no longer its own holes in those it holed.
+fn retake(d: &mut UnsettledDrop, retaken: &[(u32, usize, PageMask)]) {
+    for (region, i, pages) in retaken {
+        for e in d
+            .emptied
+            .iter_mut()
+            .filter(|e| e.region == *region && e.folio == *i)
+        {
+            e.extras.removed.union(pages);
+        }
+        for (_, _, holed) in d.holed.iter_mut().filter(|(r, f, _)| r == region && f == i) {
+            holed.remove(pages);
+        }
+    }
+}
+
 /// Pages `lo..hi` less those `before` had dropped already.
 fn newly_holed(before: &Extras, lo: usize, hi: usize) -> PageMask {
     let mut holed = PageMask::default();
@@ -245,7 +286,7 @@ pub(crate) fn keep_for_unsettled_drop(
 /// tell: a space the runtime cannot look into (a forked child not adopted)
 /// has no witness to wait for.
 fn keep_until_zapped(shared: &Shared, space: &Space, mut unsettled: UnsettledDrop) {
-    if unsettled.emptied.is_empty() && unsettled.holed.is_empty() {
+    if unsettled.emptied.is_empty() && unsettled.holed.is_empty() && unsettled.retaken.is_empty() {
         return;
     }
     let Some(memory) = space.memory.get() else {
@@ -313,7 +354,9 @@ fn forget_drops_over(shared: &Shared, space: &Space, start: usize, end: usize) {
 
 /// Lets go of the drops of `space` that `settle` picks (it may update
 /// each one it looks at), keeping the others in order: a fork undoes the
-/// newest first (see `on_fork`).
+/// newest first (see `on_fork`). What one let go dropped again of an
+/// earlier one's folios is taken from that one for good: no child can be
+/// copied before its zap any more.
 fn release_drops_where(
     shared: &Shared,
     space: &Space,
@@ -327,7 +370,11 @@ fn release_drops_where(
     let mut k = 0;
     while k < drops.len() {
         if settle(&mut drops[k]) {
-            settled.push(drops.remove(k));
+            let d = drops.remove(k);
+            for earlier in &mut drops[..k] {
+                retake(earlier, &d.retaken);
+            }
+            settled.push(d);
         } else {
             k += 1;
         }
@@ -761,19 +808,25 @@ pub(crate) fn on_fork(
         regions.push(copy);
     }
     // Newest first: an older drop's holes in a folio a newer one emptied
-    // are in that folio's kept extras, and come out once it is back.
+    // are in that folio's kept extras, and come out once it is back. What
+    // a drop the child was copied after dropped again of an older one's
+    // folios stays dropped in the undo of that one.
     let mut before_a_zap = false;
+    let mut retaken = Vec::new();
     for d in parent
         .unsettled_drops
         .lock()
         .expect("unsettled drops lock")
         .iter()
         .rev()
-        .filter(|d| !d.settled)
     {
-        if copied_before_zap(&space, &regions, d) {
-            undo_drop_in_child(shared, &space, &regions, d);
+        if !d.settled && copied_before_zap(&space, &regions, d) {
+            let mut d = d.clone();
+            retake(&mut d, &retaken);
+            undo_drop_in_child(shared, &space, &regions, &d);
             before_a_zap = true;
+        } else {
+            retaken.extend(d.retaken.iter().cloned());
         }
     }
     if before_a_zap {

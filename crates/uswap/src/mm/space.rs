@@ -297,6 +297,7 @@ impl Extras {
 /// have been copied before the zap (`events::settle_drops`). A fork applied
 /// meanwhile asks its child which side of the zap it was copied on
 /// (`events::on_fork`).
+#[derive(Clone)]
 pub(crate) struct UnsettledDrop {
     /// The range dropped.
     pub start: usize,
@@ -316,6 +317,10 @@ pub(crate) struct UnsettledDrop {
     /// Swapped or busy folios it made holes in: region id, folio, and the
     /// pages that became holes.
     pub holed: Vec<(u32, usize, PageMask)>,
+    /// Pages it dropped again of folios an earlier unsettled drop emptied
+    /// or holed (region id, folio, pages): that drop's undo must not give
+    /// them back to a child copied after this one's zap.
+    pub retaken: Vec<(u32, usize, PageMask)>,
     /// When the event was applied (`Shared::now_ms`).
     pub at_ms: u32,
     /// The zap was seen done (the witness gone; at once without one).
@@ -327,6 +332,7 @@ pub(crate) struct UnsettledDrop {
 
 /// A folio an unsettled drop emptied, with what a child copied before the
 /// zap gets back.
+#[derive(Clone)]
 pub(crate) struct Emptied {
     /// Its region's id.
     pub region: u32,
