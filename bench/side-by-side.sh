@@ -12,6 +12,8 @@
 #   faults: 2 processes x 256 MiB of corpus pages touched at random under
 #           32 MiB (every fault needs an eviction), 4 KiB pages (uswap also
 #           with 64 KiB folios)
+#   floor:  the bare userfaultfd round trip (bench/probes/uffd-roundtrip.c),
+#           by where its handler runs and whether it sleeps
 #   usemem: 2 processes x 1536 MiB written then checked, under 1 GiB; and
 #           `uswap usemem` itself (the runtime in the process), with 2
 #           threads sharing one runtime and with 2 processes
@@ -38,6 +40,7 @@ trap restore EXIT INT TERM
 
 [ -x "$USWAP" ] || (cd "$ROOT" && cargo build --release)
 cc -O2 -o "$WORK/touch" "$ROOT/bench/touch.c"
+cc -O2 -pthread -o "$WORK/roundtrip" "$ROOT/bench/probes/uffd-roundtrip.c"
 PAGES=$(ls "$ROOT"/corpus/*.pages | sort)
 
 fallocate -l 4G "$SWAPFILE"
@@ -57,6 +60,8 @@ kernel() { # LIMIT CMD...
 
 for run in $(seq "$RUNS"); do
 	echo "== run $run"
+	# The floor of any fault served from user space on this machine.
+	"$WORK/roundtrip" | sed 's/^/uffd round trip, /'
 	printf 'kernel zswap 4K      '; kernel 32M "$WORK/touch" faults 256 2 20000 $PAGES
 	printf 'uswap run 4K folios  '; "$USWAP" run --memory-high 32M --folio-size 4k --compressor lzo-rle -- "$WORK/touch" faults 256 2 20000 $PAGES
 	printf 'uswap run 64K folios '; "$USWAP" run --memory-high 32M --folio-size 64k --compressor lzo-rle -- "$WORK/touch" faults 256 2 20000 $PAGES

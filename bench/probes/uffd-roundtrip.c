@@ -1,7 +1,7 @@
 /* The floor of a userfaultfd fault on this machine, by where the handler
  * runs: one thread reads 20,000 fresh pages one after the other, and a
  * handler thread answers each fault with one 4 KiB UFFDIO_COPY (which wakes
- * the reader). Three placements, each run in turn:
+ * the reader). Five placements, each run in turn:
  *
  *   poll, any CPU:     the handler sleeps in poll between faults, and the
  *                      scheduler places both threads (the descriptor is
@@ -11,6 +11,8 @@
  *   poll, other CPU:   handler on CPU 0, reader on CPU 1
  *   spin, other CPU:   the handler reads a non-blocking descriptor in a
  *                      loop (never sleeps), reader on CPU 1
+ *   spin, any CPU:     the same, both placed by the scheduler (as the
+ *                      runtime's event thread and a program's thread are)
  *
  *   cc -O2 -Wall -pthread bench/probes/uffd-roundtrip.c -o /tmp/rt && /tmp/rt
  *
@@ -158,6 +160,7 @@ int main(void)
 		{ "poll, same CPU", 0, 0, 0 },
 		{ "poll, other CPU", 0, 0, 1 },
 		{ "spin, other CPU", 1, 0, 1 },
+		{ "spin, any CPU", 1, -1, -1 },
 	};
 	memset_page();
 	for (size_t i = 0; i < sizeof setups / sizeof setups[0]; i++)

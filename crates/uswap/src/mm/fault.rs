@@ -643,9 +643,10 @@ impl EventThread<'_> {
                     // fault a wake-up when they do not (8 alternating runs
                     // of `uswap run --memory-high 32M --folio-size 4k --
                     // touch faults 256 2 20000`: median p50 30 us against
-                    // 46 us sleeping, with `uswap usemem` unchanged; a
-                    // spin without the yield gave 29 us, but 8-11% of
-                    // faults above 100 us against 5-13%).
+                    // 46 us sleeping, lower in all 8 pairs, though p99 was
+                    // higher in 6; `uswap usemem` unchanged. A spin
+                    // without the yield gave 29 us, but 8-11% of faults
+                    // above 100 us against 5-13%).
                     if reclaim_idle(shared) {
                         std::hint::spin_loop();
                     } else {
