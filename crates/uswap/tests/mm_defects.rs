@@ -3798,18 +3798,7 @@ fn a_folio_written_after_a_drop_and_dropped_again_reads_as_zero_in_a_child() {
 #[test]
 fn a_folio_freed_then_dropped_for_good_reads_as_zero_in_a_child() {
     in_own_process(this_test!(), Duration::from_secs(60), || {
-        let (rt, region) = a_stored_folio_beside_a_resident_one();
-        let base = region.as_ptr() as usize;
-        let emptied = base + FOLIO;
-        // SAFETY: the test's own managed memory.
-        unsafe {
-            assert_eq!(libc::madvise(base as *mut _, 2 * FOLIO, libc::MADV_FREE), 0);
-            assert_eq!(
-                libc::madvise(emptied as *mut _, FOLIO, libc::MADV_DONTNEED),
-                0
-            );
-        }
-        assert_zeros_after_fork(&rt, emptied, FOLIO);
+        free_both_then_drop_in_the_stored_one(0, FOLIO);
     });
 }
 
@@ -3818,19 +3807,26 @@ fn a_folio_freed_then_dropped_for_good_reads_as_zero_in_a_child() {
 #[test]
 fn part_of_a_freed_folio_dropped_for_good_reads_as_zero_in_a_child() {
     in_own_process(this_test!(), Duration::from_secs(60), || {
-        let (rt, region) = a_stored_folio_beside_a_resident_one();
-        let base = region.as_ptr() as usize;
-        let half = base + FOLIO + FOLIO / 2;
-        // SAFETY: the test's own managed memory.
-        unsafe {
-            assert_eq!(libc::madvise(base as *mut _, 2 * FOLIO, libc::MADV_FREE), 0);
-            assert_eq!(
-                libc::madvise(half as *mut _, FOLIO / 2, libc::MADV_DONTNEED),
-                0
-            );
-        }
-        assert_zeros_after_fork(&rt, half, FOLIO / 2);
+        free_both_then_drop_in_the_stored_one(FOLIO / 2, FOLIO / 2);
     });
+}
+
+/// Frees both folios of `a_stored_folio_beside_a_resident_one`, then drops
+/// `len` bytes at `offset` of the stored one for good, and checks that
+/// they read as zero after a fork.
+fn free_both_then_drop_in_the_stored_one(offset: usize, len: usize) {
+    let (rt, region) = a_stored_folio_beside_a_resident_one();
+    let base = region.as_ptr() as usize;
+    let dropped = base + FOLIO + offset;
+    // SAFETY: the test's own managed memory.
+    unsafe {
+        assert_eq!(libc::madvise(base as *mut _, 2 * FOLIO, libc::MADV_FREE), 0);
+        assert_eq!(
+            libc::madvise(dropped as *mut _, len, libc::MADV_DONTNEED),
+            0
+        );
+    }
+    assert_zeros_after_fork(&rt, dropped, len);
 }
 
 /// Found in review of the fix above: a folio the drop emptied that the
