@@ -63,7 +63,7 @@ fn sample(pages: usize) -> Vec<u8> {
 /// Times a batch of `pages` pages compressed with `codec` on a device of
 /// `engines` engines against the same pages compressed on the caller.
 pub fn batching(engines: usize, codec: &dyn Codec, pages: usize) -> std::io::Result<BatchingProbe> {
-    let device = Device::new(DeviceConfig::with_engines(engines))?;
+    let device = Device::new(DeviceConfig::for_runtime(engines))?;
     let src = sample(pages);
     let mut dst = vec![0u8; src.len()];
     let mut best = BatchingProbe {

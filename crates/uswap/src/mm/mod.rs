@@ -387,7 +387,7 @@ impl Runtime {
     /// reclaimer threads.
     pub fn new(config: RuntimeConfig) -> io::Result<Runtime> {
         config.validate()?;
-        let device = Arc::new(Device::new(DeviceConfig::with_engines(config.engines))?);
+        let device = Arc::new(Device::new(DeviceConfig::for_runtime(config.engines))?);
         let backing: Option<Arc<dyn Backing>> = match &config.swap_file {
             Some((dir, bytes)) => Some(Arc::new(SwapFile::create(dir, *bytes)?)),
             None => None,
