@@ -868,12 +868,27 @@ impl EventThread<'_> {
     }
 }
 
+/// A filler: takes the jobs the event thread hands on, in order.
+///
+/// After a swap-in it looks for the next job for `event_spin`, yielding
+/// the CPU between looks, before it sleeps: a program faulting on large
+/// folios sends the next one about a fault's round trip later, and a
+/// sleeping filler's wake-up costs as much again where idle CPUs halt.
+/// On the 2-CPU build machine, `uswap run --memory-high 32M --folio-size
+/// 64k --compressor lzo-rle -- touch faults 256 2 20000 corpus/*.pages`
+/// had a lower p50 in 10 of 11 alternating pairs (114-145 us against
+/// 136-177 us), a lower p99 in only 4 of them. After a job that waited for
+/// room it sleeps at once: 4K swap-ins stay on the event thread, and a
+/// looking filler there took the CPU the event thread and the reclaimer
+/// needed (p50 25-40 us against 30-34 us, and more faults above 100 us).
 pub(crate) fn filler_loop(shared: &Shared) {
     shared.thread_started();
+    let mut swapped_in = false;
     loop {
         let job = {
             let (queue, cv) = &shared.faults;
             let mut q = queue.lock().expect("fault queue lock");
+            let idle_since = Instant::now();
             loop {
                 if let Some(f) = q.pop_front() {
                     break f;
@@ -881,12 +896,19 @@ pub(crate) fn filler_loop(shared: &Shared) {
                 if shared.shutdown.load(Ordering::Acquire) {
                     return;
                 }
+                if swapped_in && idle_since.elapsed() < shared.config.event_spin {
+                    drop(q);
+                    std::thread::yield_now();
+                    q = queue.lock().expect("fault queue lock");
+                    continue;
+                }
                 q = cv
                     .wait_timeout(q, Duration::from_millis(100))
                     .expect("fault queue lock")
                     .0;
             }
         };
+        swapped_in = matches!(job, FillerJob::SwapIn { .. });
         match job {
             FillerJob::MustWait(fault) => {
                 handle_fault(shared, &fault, &mut Worker);
