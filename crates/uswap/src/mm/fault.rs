@@ -876,8 +876,9 @@ impl EventThread<'_> {
 /// sleeping filler's wake-up costs as much again where idle CPUs halt.
 /// On the 2-CPU build machine, `uswap run --memory-high 32M --folio-size
 /// 64k --compressor lzo-rle -- touch faults 256 2 20000 corpus/*.pages`
-/// had a lower p50 in 10 of 11 alternating pairs (114-145 us against
-/// 136-177 us), a lower p99 in only 4 of them. After a job that waited for
+/// had a lower p50 in 7 of 7 alternating pairs (114-145 us against
+/// 135-177 us), and a lower p99 in 3 of them (795-1090 us against
+/// 713-1100 us). After a job that waited for
 /// room it sleeps at once: 4K swap-ins stay on the event thread, and a
 /// looking filler there took the CPU the event thread and the reclaimer
 /// needed (p50 25-40 us against 30-34 us, and more faults above 100 us).
