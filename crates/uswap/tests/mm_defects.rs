@@ -2463,9 +2463,13 @@ fn untouched_memory_moved_where_a_flush_copies_out_does_not_stop_the_reclaimer()
         assert!(rt.wait_flush_held(), "no flush was held");
         move_into_place(&untouched, base, len);
         rt.release_flush();
-        assert_eq!(
-            rt.stats().reclaim_batches,
-            1,
+        // Memory is still over its limit, so the reclaimer goes on with
+        // more batches as soon as this one ends: the count may be past one
+        // by the time it is read (it was 6 once, in a full run beside the
+        // other tests). A flush stuck in its copy-out never counts, and it
+        // would hold back every later one.
+        assert!(
+            rt.stats().reclaim_batches >= 1,
             "the flush did not end while memory was over its limit"
         );
         rt.set_memory_high(16 * MIB);
