@@ -878,10 +878,10 @@ impl EventThread<'_> {
 /// 64k --compressor lzo-rle -- touch faults 256 2 20000 corpus/*.pages`
 /// had a lower p50 in 7 of 7 alternating pairs (114-145 us against
 /// 135-177 us), and a lower p99 in 3 of them (795-1090 us against
-/// 713-1100 us). After a job that waited for
-/// room it sleeps at once: 4K swap-ins stay on the event thread, and a
-/// looking filler there took the CPU the event thread and the reclaimer
-/// needed (p50 25-40 us against 30-34 us, and more faults above 100 us).
+/// 713-1100 us). After a job that waited for room it sleeps at once: 4K
+/// swap-ins stay on the event thread, and a filler looking there took the
+/// CPU the event thread and the reclaimer needed (4K p50 25-40 us against
+/// 30-34 us, and 4-13% of faults above 100 us against 3-5%).
 pub(crate) fn filler_loop(shared: &Shared) {
     shared.thread_started();
     let mut swapped_in = false;
