@@ -101,12 +101,13 @@ impl DeviceConfig {
     /// The device the runtime's store uses: `engines` engines, and the
     /// caller (the reclaimer, a filler) runs jobs of its own batch that no
     /// engine has begun while it waits, rather than sleeping until the
-    /// engines get to them. On the 2-CPU build machine, 8 alternating
+    /// engines get to them. On the 2-CPU build machine, 7 alternating
     /// pairs of `uswap usemem 1536M -n 2 --memory-high 1G --compressor
     /// lzo-rle` (threads, 2 engines) wrote 613-794 MB/s (median 657)
-    /// against 596-663 (median 623), in 10.3-11.5 s against 11.1-12.4 s;
-    /// without it, the reclaimer slept on a job futex about once per two
-    /// folios and a CPU sat idle through the wake-up.
+    /// against 596-663 (median 623), in 10.3-11.5 s against 11.1-12.4 s
+    /// (less time in all 7); without it, the reclaimer slept on a job
+    /// futex about once per two folios and a CPU sat idle through the
+    /// wake-up.
     pub fn for_runtime(engines: usize) -> DeviceConfig {
         DeviceConfig {
             caller_assist: true,
