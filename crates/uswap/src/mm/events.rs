@@ -44,6 +44,7 @@ use super::uffd::{Partial, Uffd, UffdError};
 use super::Shared;
 use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::SlotRange;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -124,6 +125,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         settled: false,
     };
     let mut evicting = Vec::new();
+    let kept = folios_kept_by_drops(space);
     for (region, i) in folios_in(space, start, end) {
         let (lo, hi) = covered(&region, i, start, end);
         let pages = region.pages_per_folio() as usize;
@@ -140,7 +142,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
         // folios being evicted (their pages stay until the eviction moves
         // them out), after the resident ones.
         let part = (region.folio_addr(i) + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE);
-        if kept_by_a_drop(space, region.id, i) {
+        if kept.contains(&(region.id, i)) {
             let mut pages = PageMask::default();
             pages.insert_range(lo, hi);
             unsettled.retaken.push((region.id, i, pages));
@@ -203,19 +205,21 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
     keep_until_zapped(shared, space, unsettled);
 }
 
-/// Whether an unsettled drop of `space` emptied or holed folio `i` of
-/// region `region`.
-fn kept_by_a_drop(space: &Space, region: u32, i: usize) -> bool {
-    space.has_unsettled_drops.load(Ordering::Acquire)
-        && space
-            .unsettled_drops
-            .lock()
-            .expect("unsettled drops lock")
-            .iter()
-            .any(|d| {
-                d.emptied.iter().any(|e| e.region == region && e.folio == i)
-                    || d.holed.iter().any(|&(r, f, _)| r == region && f == i)
-            })
+/// The folios (region id, folio) that unsettled drops of `space` emptied
+/// or holed, gathered once per event under the gate's write side (nothing
+/// adds to the drops meanwhile) rather than looked up per folio.
+fn folios_kept_by_drops(space: &Space) -> HashSet<(u32, usize)> {
+    if !space.has_unsettled_drops.load(Ordering::Acquire) {
+        return HashSet::new();
+    }
+    let drops = space.unsettled_drops.lock().expect("unsettled drops lock");
+    drops
+        .iter()
+        .flat_map(|d| {
+            let emptied = d.emptied.iter().map(|e| (e.region, e.folio));
+            emptied.chain(d.holed.iter().map(|&(r, f, _)| (r, f)))
+        })
+        .collect()
 }
 
 /// Takes the pages a drop dropped again (`retaken`) from what an earlier
