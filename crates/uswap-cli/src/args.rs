@@ -140,10 +140,10 @@ pub struct RuntimeArgs {
     /// Stores resume below this percentage of the pool limit.
     #[arg(long, env = "USWAP_ACCEPT_THRESHOLD_PERCENT", default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub accept_threshold_percent: u8,
-    /// Compression engines per runtime (0..64), or auto: the machine's
-    /// CPUs shared among the runtimes of the run, none where a runtime's
-    /// share is below two, and none where a batch on them is slower than on
-    /// the caller at start-up (see `Engines::choose`).
+    /// Compression engines per runtime (0..64), or auto: one fewer than the
+    /// runtime's share of the machine's CPUs (its caller compresses too),
+    /// none where that share is below two, and none where a batch on them
+    /// is slower than on the caller at start-up (see `Engines::choose`).
     #[arg(long, env = "USWAP_ENGINES", default_value = "auto", value_parser = engines)]
     pub engines: Engines,
     /// Directory for a swap file (none by default).
@@ -207,18 +207,31 @@ pub enum Engines {
 
 impl Engines {
     /// Engines for each of `runtimes` runtimes on a machine of `cpus` CPUs.
-    /// Auto shares the CPUs among the runtimes (at most 8 each) and gives a
-    /// runtime none when its share is below two: measured on a 2-CPU
-    /// machine with `uswap usemem 1536M -n 2 --memory-high 1G --compressor
-    /// lzo-rle`, one runtime (threads) writes 830-889 MB/s with 2 engines,
-    /// 673-689 with 1 and 728-730 with none; two runtimes (--processes)
-    /// write 1283-1327 MB/s with none and 950-985 with 1 or 2 each (their
-    /// engines' polling then takes the CPUs the programs need).
+    /// Auto shares the CPUs among the runtimes and gives each one engine
+    /// fewer than its share (at most 8): the runtime's caller runs jobs of
+    /// its own batch too (`DeviceConfig::for_runtime`), so engines and
+    /// caller together make one compressor per CPU. A runtime whose share
+    /// is below two gets none. Measured on a 2-CPU machine, each count
+    /// alternating with the other:
+    /// - `uswap usemem 1536M -n 2 --memory-high 1G --compressor lzo-rle`
+    ///   (one runtime, threads), 8 pairs: 1 engine wrote a median 790 MB/s
+    ///   against 733 with 2 (more in 6 pairs), in a median 9.6 s against
+    ///   10.4 s (less in 7); none wrote 597-636 MB/s in 3 runs beside them;
+    /// - `uswap run` of `touch usemem 1536 2`, 8 pairs: 1 engine wrote
+    ///   more in 6, and took a median 10.8 s against 10.6 s (less in 3);
+    /// - `touch faults` under `uswap run --memory-high 32M`: 4K p50 lower
+    ///   in 3 of 4 pairs; 64K p50 lower in 5 of 9, but p99 and p99.9 higher
+    ///   in 7 of 9 (median p99.9 1.67 ms against 1.47 ms): the reclaimer
+    ///   runs more of each batch itself, and a fault that waits for its CPU
+    ///   waits longer;
+    /// - two runtimes (--processes) write 1283-1327 MB/s with none and
+    ///   950-985 with 1 or 2 each (their engines' polling then takes the
+    ///   CPUs the programs need).
     pub fn per_runtime(self, runtimes: usize, cpus: usize) -> usize {
         match self {
             Engines::Fixed(n) => n as usize,
             Engines::Auto => match cpus / runtimes.max(1) {
-                share if share >= 2 => share.min(8),
+                share if share >= 2 => (share - 1).min(8),
                 _ => 0,
             },
         }
@@ -373,10 +386,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_engines_share_the_cpus_and_skip_a_lone_engine() {
-        assert_eq!(Engines::Auto.per_runtime(1, 2), 2);
+    fn auto_engines_leave_the_caller_a_cpu_of_the_share() {
+        assert_eq!(
+            Engines::Auto.per_runtime(1, 2),
+            1,
+            "the caller is the other"
+        );
         assert_eq!(Engines::Auto.per_runtime(2, 2), 0, "one each does not pay");
-        assert_eq!(Engines::Auto.per_runtime(2, 8), 4);
+        assert_eq!(Engines::Auto.per_runtime(2, 8), 3);
+        assert_eq!(Engines::Auto.per_runtime(1, 9), 8);
         assert_eq!(Engines::Auto.per_runtime(1, 64), 8);
         assert_eq!(Engines::Auto.per_runtime(1, 1), 0);
         assert_eq!(Engines::Fixed(3).per_runtime(2, 2), 3);
@@ -390,7 +408,7 @@ mod tests {
             0,
             "no share, no probe"
         );
-        assert!(Engines::Auto.choose(1, 2, "lz4", 128) <= 2);
+        assert!(Engines::Auto.choose(1, 2, "lz4", 128) <= 1);
         assert_eq!(engines("auto"), Ok(Engines::Auto));
         assert_eq!(engines("0"), Ok(Engines::Fixed(0)));
         assert!(engines("65").is_err() && engines("two").is_err());

@@ -80,7 +80,7 @@ struct Config {
 #[derive(Serialize)]
 struct Row {
     mode: TaskMode,
-    /// As given, and what auto chose (`auto (2)`).
+    /// As given, and what auto chose (`auto (1)`).
     engines: String,
     layout: String,
     /// Write throughput of all tasks together, MB/s (10^6 bytes), per run.
