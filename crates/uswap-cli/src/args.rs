@@ -224,9 +224,12 @@ impl Engines {
     ///   in 7 of 9 (median p99.9 1.67 ms against 1.47 ms): the reclaimer
     ///   runs more of each batch itself, and a fault that waits for its CPU
     ///   waits longer;
-    /// - two runtimes (--processes) write 1283-1327 MB/s with none and
-    ///   950-985 with 1 or 2 each (their engines' polling then takes the
-    ///   CPUs the programs need).
+    /// - the threads' usemem beside two `yes` loops, 3 pairs: 1 engine
+    ///   wrote 261-352 MB/s against 184-192 with 2, in less time in all 3.
+    ///
+    /// Measured before the caller ran jobs: two runtimes (--processes)
+    /// write 1283-1327 MB/s with none and 950-985 with 1 or 2 each (their
+    /// engines' polling then takes the CPUs the programs need).
     pub fn per_runtime(self, runtimes: usize, cpus: usize) -> usize {
         match self {
             Engines::Fixed(n) => n as usize,
