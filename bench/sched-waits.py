@@ -13,6 +13,7 @@ and the milliseconds each other thread held the CPU through them, most
 first. Thread ids are dropped from names, so each thread kind sums up.
 """
 import argparse
+import bisect
 import collections
 import re
 
@@ -38,9 +39,12 @@ def main():
             if m:
                 rows.append((float(m[1]), int(m[2]), m[3].strip(),
                              float(m[4]), float(m[5]), float(m[6])))
+    # Each CPU's runs in time order (they do not overlap), with their end
+    # times for bisection.
     by_cpu = collections.defaultdict(list)
-    for r in rows:
+    for r in sorted(rows):
         by_cpu[r[1]].append(r)
+    ends = {cpu: [r[0] for r in runs] for cpu, runs in by_cpu.items()}
     waits = collections.Counter()
     held = collections.Counter()
     for t, cpu, task, _, delay, run in rows:
@@ -50,10 +54,13 @@ def main():
         # The delay ended when this run began.
         begin = t - run / 1e3 - delay / 1e3
         end = t - run / 1e3
-        for t2, _, task2, _, _, run2 in by_cpu[cpu]:
+        runs = by_cpu[cpu]
+        for k in range(bisect.bisect_right(ends[cpu], begin), len(runs)):
+            t2, _, task2, _, _, run2 = runs[k]
             start2 = t2 - run2 / 1e3
-            if t2 > begin and start2 < end:
-                held[kind(task2)] += min(t2, end) - max(start2, begin)
+            if start2 >= end:
+                break
+            held[kind(task2)] += min(t2, end) - max(start2, begin)
     print(f"waits of {args.min_ms} ms or more: {sum(waits.values())}",
           dict(waits.most_common()))
     print("CPU held through them, ms:",
