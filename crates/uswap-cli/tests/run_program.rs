@@ -6,16 +6,49 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 const USWAP: &str = env!("CARGO_BIN_EXE_uswap");
 
-/// Compiles tests/programs/NAME.c into a private directory.
+/// This test process's own directory (under cargo's target/tmp, so that
+/// `cargo clean` takes it): the programs it builds and the statistics
+/// files of its runs. Those of earlier test processes that are gone are
+/// removed when it is made.
+fn scratch_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let prefix = "run_program-";
+        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let pid = name.to_str().and_then(|n| n.strip_prefix(prefix));
+            if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+                // Another test process may be removing it too.
+                if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        eprintln!("removing {}: {e}", entry.path().display());
+                    }
+                }
+            }
+        }
+        let dir = root.join(format!("{prefix}{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+}
+
+/// Compiles tests/programs/NAME.c into this process's directory, once:
+/// tests that run the same program at the same time share one build rather
+/// than each write the file another may be starting.
 fn build(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, exe)) = built.iter().find(|(n, _)| n == name) {
+        return exe.clone();
+    }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
-    let dir = std::env::temp_dir().join(format!("uswap-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(name);
+    let exe = scratch_dir().join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .args(["-O2", "-Wall", "-pthread", "-o"])
@@ -24,6 +57,7 @@ fn build(name: &str) -> PathBuf {
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
     assert!(status.success(), "compiling {}", src.display());
+    built.push((name.to_string(), exe.clone()));
     exe
 }
 
@@ -578,10 +612,8 @@ fn uswap_stats_reads_a_running_supervisor() {
 /// override it; a bad file exits 2.
 #[test]
 fn a_config_file_sets_options_that_the_environment_and_flags_override() {
-    let dir = std::env::temp_dir().join(format!("uswap-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let stats = dir.join("stats");
-    let conf = dir.join("uswap.conf");
+    let stats = scratch_dir().join("config.stats");
+    let conf = scratch_dir().join("uswap.conf");
     std::fs::write(
         &conf,
         format!(
@@ -779,7 +811,7 @@ fn interpreter_case(
         alone.status,
         text(&alone.stderr)
     );
-    let stats = std::env::temp_dir().join(format!("uswap-{script}-{}.stats", std::process::id()));
+    let stats = scratch_dir().join(format!("{script}.stats"));
     let mut cmd = Command::new(USWAP);
     cmd.args(["run", "--memory-high", limit, "--stats-file"])
         .arg(&stats)
