@@ -837,6 +837,16 @@ fn python_with_forked_workers_prints_what_it_prints_alone() {
     assert_eq!(err, "");
 }
 
+/// A shell pipeline of unmodified programs (awk, sort with two threads,
+/// md5sum, cut, uniq), each a process of its own forked by the shell, all
+/// under one limit that sort's buffer does not fit.
+#[test]
+fn a_pipeline_of_sorts_prints_what_it_prints_alone() {
+    let (c, err) = interpreter_case("sh", "pipeline.sh", false, "16M");
+    assert!(c["forks"] >= 4, "{c:?}");
+    assert_eq!(err, "");
+}
+
 /// sqlite3 with an in-memory database larger than its limit: inserts, an
 /// index, a join, aggregates, an update.
 #[test]
