@@ -5,8 +5,8 @@
 #
 #   bench/real-programs.sh [LIMIT...]     (default: 64M 128M)
 #
-# Needs root and cgroup v1; sets up and puts back zswap, a swap file and a
-# memory cgroup as bench/side-by-side.sh does. The jobs:
+# Needs root and cgroup v1; zswap, a swap file and a memory cgroup are set
+# up for the kernel's runs and put back at the end (bench/kernel-zswap.sh). The jobs:
 #   gcc: gcc -O2 -c on a generated C file of 1,500 functions (cc1 peaks
 #        at about 330 MiB resident); the object file must be byte for byte
 #        the same;
@@ -20,23 +20,9 @@
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 USWAP="$ROOT/target/release/uswap"
-CG=/sys/fs/cgroup/memory/uswap-real-programs
-ZSWAP=/sys/module/zswap/parameters
-WORK=$(mktemp -d /var/tmp/uswap-real-programs.XXXXXX)
-SWAPFILE="$WORK/swapfile"
-OLD_ENABLED=$(cat $ZSWAP/enabled)
-OLD_COMPRESSOR=$(cat $ZSWAP/compressor)
 LIMITS=${*:-64M 128M}
-
-restore() {
-	[ -d "$CG" ] && rmdir "$CG" 2>/dev/null || true
-	swapoff "$SWAPFILE" 2>/dev/null || true
-	echo "$OLD_COMPRESSOR" > $ZSWAP/compressor
-	echo "$OLD_ENABLED" > $ZSWAP/enabled
-	rm -rf "$WORK"
-	echo "restored: zswap enabled=$(cat $ZSWAP/enabled) compressor=$(cat $ZSWAP/compressor), swap: $(tail -n +2 /proc/swaps | wc -l) device(s), cgroup removed" >&2
-}
-trap restore EXIT INT TERM
+NAME=real-programs
+. "$ROOT/bench/kernel-zswap.sh"
 
 [ -x "$USWAP" ] || (cd "$ROOT" && cargo build --release)
 python3 - > "$WORK/big.c" <<'PY'
@@ -57,14 +43,6 @@ cat > "$WORK/sort.sh" <<'SH'
 awk 'BEGIN { srand(7); for (i = 0; i < 1500000; i++) printf "%09d %s\n", int(rand() * 1e9), substr("abcdefghijklmnopqrstuvwxyz", int(rand() * 20) + 1, 7) }' |
 	sort -S 256M --parallel=2 | md5sum > "$1"
 SH
-
-fallocate -l 4G "$SWAPFILE"
-chmod 600 "$SWAPFILE"
-mkswap "$SWAPFILE" > /dev/null
-swapon "$SWAPFILE"
-echo lzo-rle > $ZSWAP/compressor
-echo Y > $ZSWAP/enabled
-mkdir -p "$CG"
 
 # timed LABEL REF OUT CMD...: runs CMD, and prints its seconds and whether
 # OUT came out the same as REF (no REF: the reference run itself); a run
@@ -92,9 +70,8 @@ for name in gcc sort; do
 	echo "$name"
 	timed alone "" "$WORK/$name.ref" sh "$WORK/$name.sh" "$WORK/$name.ref"
 	for limit in $LIMITS; do
-		echo "$limit" > "$CG/memory.limit_in_bytes"
 		timed "kernel zswap, $limit" "$WORK/$name.ref" "$WORK/$name.out" \
-			sh -c 'echo $$ > '"$CG"'/cgroup.procs && exec "$@"' sh sh "$WORK/$name.sh" "$WORK/$name.out"
+			kernel "$limit" sh "$WORK/$name.sh" "$WORK/$name.out"
 		timed "uswap run, $limit" "$WORK/$name.ref" "$WORK/$name.out" \
 			"$USWAP" run --memory-high "$limit" --compressor lzo-rle -- sh "$WORK/$name.sh" "$WORK/$name.out"
 	done

@@ -8,7 +8,8 @@
 # with a 4 GiB swap file and puts the program in a memory cgroup with the
 # limit; on exit (also on error or ^C) it puts everything back as it was:
 # zswap's enabled flag and compressor, swapoff, the file and the cgroup
-# removed. Workloads, each RUNS times (default 3) per side:
+# removed (bench/kernel-zswap.sh). Workloads, each RUNS times (default 3)
+# per side:
 #   faults: 2 processes x 256 MiB of corpus pages touched at random under
 #           32 MiB (every fault needs an eviction), 4 KiB pages (uswap also
 #           with 64 KiB folios)
@@ -21,42 +22,13 @@ set -eu
 RUNS=${1:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 USWAP="$ROOT/target/release/uswap"
-CG=/sys/fs/cgroup/memory/uswap-side-by-side
-ZSWAP=/sys/module/zswap/parameters
-WORK=$(mktemp -d /var/tmp/uswap-side-by-side.XXXXXX)
-SWAPFILE="$WORK/swapfile"
-OLD_ENABLED=$(cat $ZSWAP/enabled)
-OLD_COMPRESSOR=$(cat $ZSWAP/compressor)
-
-restore() {
-	[ -d "$CG" ] && rmdir "$CG" 2>/dev/null || true
-	swapoff "$SWAPFILE" 2>/dev/null || true
-	echo "$OLD_COMPRESSOR" > $ZSWAP/compressor
-	echo "$OLD_ENABLED" > $ZSWAP/enabled
-	rm -rf "$WORK"
-	echo "restored: zswap enabled=$(cat $ZSWAP/enabled) compressor=$(cat $ZSWAP/compressor), swap: $(tail -n +2 /proc/swaps | wc -l) device(s), cgroup removed" >&2
-}
-trap restore EXIT INT TERM
+NAME=side-by-side
+. "$ROOT/bench/kernel-zswap.sh"
 
 [ -x "$USWAP" ] || (cd "$ROOT" && cargo build --release)
 cc -O2 -o "$WORK/touch" "$ROOT/bench/touch.c"
 cc -O2 -pthread -o "$WORK/roundtrip" "$ROOT/bench/probes/uffd-roundtrip.c"
 PAGES=$(ls "$ROOT"/corpus/*.pages | sort)
-
-fallocate -l 4G "$SWAPFILE"
-chmod 600 "$SWAPFILE"
-mkswap "$SWAPFILE" > /dev/null
-swapon "$SWAPFILE"
-echo lzo-rle > $ZSWAP/compressor
-echo Y > $ZSWAP/enabled
-mkdir -p "$CG"
-
-kernel() { # LIMIT CMD...
-	limit=$1
-	shift
-	echo "$limit" > "$CG/memory.limit_in_bytes"
-	sh -c 'echo $$ > '"$CG"'/cgroup.procs && exec "$@"' sh "$@"
-}
 
 for run in $(seq "$RUNS"); do
 	echo "== run $run"
