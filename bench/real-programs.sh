@@ -6,7 +6,8 @@
 #   bench/real-programs.sh [LIMIT...]     (default: 64M 128M)
 #
 # Needs root and cgroup v1; zswap, a swap file and a memory cgroup are set
-# up for the kernel's runs and put back at the end (bench/kernel-zswap.sh). The jobs:
+# up for the kernel's runs and put back at the end (bench/kernel-zswap.sh).
+# The jobs:
 #   gcc: gcc -O2 -c on a generated C file of 1,500 functions (cc1 peaks
 #        at about 330 MiB resident); the object file must be byte for byte
 #        the same;
