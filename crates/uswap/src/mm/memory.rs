@@ -285,43 +285,56 @@ impl Memory {
     /// Which pages of `start..start + len` (at most a folio) are in memory
     /// (or in the kernel's swap); none of those not mapped.
     pub fn present_pages(&self, start: usize, len: usize) -> PageMask {
-        let pages = len / PAGE_SIZE;
-        let mut present = PageMask::default();
+        self.present_folios(start, len, 1)[0]
+    }
+
+    /// Which pages of each of the `count` folios of `folio_len` bytes from
+    /// `start` on are in memory (or in the kernel's swap), looked at in one
+    /// call while all of them are mapped; none of those not mapped.
+    pub fn present_folios(&self, start: usize, folio_len: usize, count: usize) -> Vec<PageMask> {
+        let per = folio_len / PAGE_SIZE;
+        let len = folio_len * count;
+        let mut masks = vec![PageMask::default(); count];
+        let mut flags = vec![false; per * count];
         match self {
             Memory::Own { .. } => {
-                let mut vec = [0u8; crate::page::MAX_FOLIO_PAGES];
+                let mut vec = vec![0u8; per * count];
                 // SAFETY: mincore writes one byte per page of the range into
-                // `vec`, which holds a folio's worth; an unmapped range is
-                // an error.
+                // `vec`, which has one per page; an unmapped range is an
+                // error.
                 if unsafe { libc::mincore(start as *mut _, len, vec.as_mut_ptr()) } == 0 {
-                    for p in (0..pages).filter(|&p| vec[p] & 1 != 0) {
-                        present.insert_range(p, p + 1);
+                    for (flag, byte) in flags.iter_mut().zip(&vec) {
+                        *flag = byte & 1 != 0;
                     }
-                    return present;
-                }
-                // Part of it is not mapped: page by page.
-                for p in 0..pages {
-                    let mut one = 0u8;
-                    // SAFETY: as above, for one page.
-                    let r = unsafe {
-                        libc::mincore((start + p * PAGE_SIZE) as *mut _, PAGE_SIZE, &mut one)
-                    };
-                    if r == 0 && one & 1 != 0 {
-                        present.insert_range(p, p + 1);
+                } else if count > 1 {
+                    // Part of it is not mapped: a folio at a time.
+                    return (0..count)
+                        .map(|k| self.present_pages(start + k * folio_len, folio_len))
+                        .collect();
+                } else {
+                    // Part of the folio is not mapped: page by page.
+                    for (p, flag) in flags.iter_mut().enumerate() {
+                        let mut one = 0u8;
+                        // SAFETY: as above, for one page.
+                        let r = unsafe {
+                            libc::mincore((start + p * PAGE_SIZE) as *mut _, PAGE_SIZE, &mut one)
+                        };
+                        *flag = r == 0 && one & 1 != 0;
                     }
                 }
             }
             Memory::Remote { pagemap, .. } => {
                 if let Ok(entries) = pagemap_entries(pagemap, start, len) {
-                    for (p, e) in entries.iter().enumerate() {
-                        if e & (PM_PRESENT | PM_SWAPPED) != 0 {
-                            present.insert_range(p, p + 1);
-                        }
+                    for (flag, e) in flags.iter_mut().zip(entries) {
+                        *flag = e & (PM_PRESENT | PM_SWAPPED) != 0;
                     }
                 }
             }
         }
-        present
+        for (p, _) in flags.iter().enumerate().filter(|(_, &flag)| flag) {
+            masks[p / per].insert_range(p % per, p % per + 1);
+        }
+        masks
     }
 
     /// Whether every page of `start..start + len` is in memory (or in the

@@ -38,10 +38,10 @@
 //! copy so that a range the program unmapped or moved meanwhile is an error
 //! to handle, not a crash.
 //!
-//! Each folio's eviction ends under the event gate's read side
-//! ([`finish_folio`]): what the program did to it meanwhile (recorded in its
-//! extras by the event thread) is applied there, and forked children that
-//! inherited it mid-eviction take it over. When the store refuses a whole
+//! A plug's eviction ends under the event gate's read side, taken once for
+//! all its folios ([`finish_plug`]): what the program did to each folio
+//! meanwhile (recorded in its extras by the event thread) is applied there,
+//! and forked children that inherited it mid-eviction take it over. When the store refuses a whole
 //! plug for want of room (pool full and no swap file), or a whole queue's
 //! worth of folios in a row would not compress, the reclaimer backs off
 //! instead of recompressing the same folios: faults stop waiting for it
@@ -58,7 +58,7 @@ use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
 use super::{FolioRef, Shared};
-use crate::page::PAGE_SIZE;
+use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::{SlotRange, StoreError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -836,29 +836,17 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             Err(StoreError::PoolLimit | StoreError::AllocFail | StoreError::NoSlots)
         )
     });
-    let mut progress = false;
-    for (k, ((v, result), was_protected)) in plug.drain(..).zip(results).zip(protected).enumerate()
-    {
-        let in_locked_piece = locked
-            .iter()
-            .any(|&(first, count)| (first..first + count).contains(&k));
-        let gone = finish_folio(
-            shared,
-            space,
-            &v.region,
-            v.folio,
-            result,
-            was_protected,
-            in_locked_piece,
-        );
+    let left = finish_plug(shared, space, plug, results, &protected, &locked);
+    for (v, &gone) in plug.iter().zip(&left) {
         if gone && v.clean.is_some() {
             shared
                 .counters
                 .clean_evictions
                 .fetch_add(1, Ordering::Relaxed);
         }
-        progress |= gone;
     }
+    plug.clear();
+    let progress = left.contains(&true);
     #[cfg(feature = "fault-injection")]
     shared.flush_hold.over();
     if progress {
@@ -949,59 +937,55 @@ fn drop_in_place(
     outcome
 }
 
-/// Ends one folio's eviction under the gate: applies what the program did to
-/// it meanwhile, hands it to forked children that inherited it, publishes its
-/// state, then wakes the writers held on its protection. Returns whether the
-/// folio left memory.
-fn finish_folio(
+/// Ends the eviction of a flushed plug's folios (all of `space`) under the
+/// gate: applies what the program did to each meanwhile, hands them to
+/// forked children that inherited them and publishes their states; then
+/// lifts the protection of those that stayed and wakes the writers held on
+/// it. Returns, per folio, whether it left memory.
+///
+/// One settled gate serves the whole plug. The pages left in place are
+/// looked at under it, then the address space is probed again: the program
+/// may have moved or unmapped them meanwhile (its event then waits unread,
+/// and the probe meets EAGAIN), and other memory mapped at the address
+/// since would pass for a folio's pages, staying where they were: its copy
+/// would be dropped. The probe answers EAGAIN for an unread event anywhere
+/// in the address space (the context's `mmap_changing`, looked at before
+/// the range), so one probe of the first folio's range before the look and
+/// one after cover every folio; each folio's state is then decided and
+/// published with no event applied in between.
+fn finish_plug(
     shared: &Shared,
     space: &Space,
-    region: &RegionInner,
-    i: usize,
-    result: Result<SlotRange, StoreError>,
-    was_protected: bool,
-    locked: bool,
-) -> bool {
-    let f = &region.folios[i];
-    let fs = region.folio_size;
-    let pages = region.pages_per_folio() as usize;
+    plug: &[Victim],
+    results: Vec<Result<SlotRange, StoreError>>,
+    protected: &[bool],
+    locked: &[(usize, usize)],
+) -> Vec<bool> {
+    let memory = space
+        .memory
+        .get()
+        .expect("an evicted space reaches its memory");
+    // Only stored folios' pages are looked at: one look per run of them.
+    let stored_runs = runs(plug, |k| results[k].is_ok());
     let mut follow_ups = Vec::new();
-    // The pages left in place are looked at under the settled gate, then
-    // the range is probed again: the program may have moved or unmapped it
-    // meanwhile (its event then waits unread, and the probe meets EAGAIN),
-    // and other memory mapped at the address since would pass for the
-    // folio's pages, staying where they were: its copy would be dropped.
     let (gate, present) = loop {
-        let (gate, _) = settled_gate(shared, space, &[(region.folio_addr(i), fs)]);
+        let first = &plug[0];
+        let probe = (
+            first.region.folio_addr(first.folio),
+            first.region.folio_size,
+        );
+        let (gate, _) = settled_gate(shared, space, &[probe]);
         if !space.alive.load(Ordering::Acquire) {
-            // The process is gone (`events::release_space` left this folio to
-            // us): nothing to keep for it. Children it forked meanwhile still
-            // wait for the folio (INHERITING): they share what was stored, or
-            // keep the pages they have if nothing was.
-            let outcome = match &result {
-                Ok(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
-                Err(_) => Outcome::Resident,
-            };
-            events::resolve_inheritors(shared, space.id, region.id, i, outcome, &mut follow_ups);
-            if let Ok(range) = result {
-                shared.store.invalidate(range);
-            }
-            f.set(GONE);
-            space.take_extras(region, i);
-            shared.resident.fetch_sub(fs, Ordering::AcqRel);
-            drop(gate);
-            serve_follow_ups(shared, follow_ups);
-            return false;
-        }
-        let Ok(_) = result else {
             break (gate, None);
-        };
-        let memory = space
-            .memory
-            .get()
-            .expect("an evicted space reaches its memory");
-        let present = memory.present_pages(region.folio_addr(i), fs);
-        match space.uffd.write_protect(region.folio_addr(i), fs, true) {
+        }
+        let mut present = vec![PageMask::default(); plug.len()];
+        for &(first, count) in &stored_runs {
+            let v = &plug[first];
+            let fs = v.region.folio_size;
+            let masks = memory.present_folios(v.region.folio_addr(v.folio), fs, count);
+            present[first..first + count].copy_from_slice(&masks);
+        }
+        match space.uffd.write_protect(probe.0, probe.1, true) {
             Err(UffdError::Again) => {
                 drop(gate);
                 std::thread::yield_now();
@@ -1009,6 +993,118 @@ fn finish_folio(
             _ => break (gate, Some(present)),
         }
     };
+    let Some(present) = present else {
+        for (v, result) in plug.iter().zip(results) {
+            finish_folio_of_gone(shared, space, &v.region, v.folio, result, &mut follow_ups);
+        }
+        drop(gate);
+        serve_follow_ups(shared, follow_ups);
+        return vec![false; plug.len()];
+    };
+    let finished: Vec<Finished> = plug
+        .iter()
+        .zip(results)
+        .zip(present)
+        .enumerate()
+        .map(|(k, ((v, result), present))| {
+            let in_locked_piece = locked
+                .iter()
+                .any(|&(first, count)| (first..first + count).contains(&k));
+            finish_folio(
+                shared,
+                space,
+                &v.region,
+                v.folio,
+                result,
+                present,
+                protected[k],
+                in_locked_piece,
+                &mut follow_ups,
+            )
+        })
+        .collect();
+    // Where the writers held on the protection wait: one wake per run of
+    // adjacent folios, at the address the folios have under this gate.
+    let wakes: Vec<(usize, usize)> = runs(plug, |_| true)
+        .into_iter()
+        .map(|(first, count)| {
+            let v = &plug[first];
+            (v.region.folio_addr(v.folio), count * v.region.folio_size)
+        })
+        .collect();
+    let mut gate = gate;
+    for (v, done) in plug.iter().zip(&finished) {
+        if done.lift {
+            gate = lift_protection(shared, space, &v.region, v.folio, gate);
+        }
+    }
+    drop(gate);
+    // Writers held on the protection refault and load the folio; faults
+    // where its moved pages live refault and find them (or a hole).
+    for (start, len) in wakes {
+        swapin::wake_range(space, start, len);
+    }
+    for done in &finished {
+        for &(to, len) in &done.moved {
+            swapin::wake_range(space, to, len);
+        }
+    }
+    for (v, done) in plug.iter().zip(&finished) {
+        if done.bring_back {
+            swapin::swap_in(shared, space, &v.region, v.folio, &mut Worker, false);
+            if done.partly_lost && done.lift {
+                // The pages that stayed keep the flush's protection
+                // otherwise (the folio was not resident above): lifted, as
+                // for a folio that stays.
+                drop(lift_protection(
+                    shared,
+                    space,
+                    &v.region,
+                    v.folio,
+                    shared.read_gate(),
+                ));
+            }
+        }
+    }
+    serve_follow_ups(shared, follow_ups);
+    finished.iter().map(|done| done.gone).collect()
+}
+
+/// What is left to do for one folio of a flushed plug once its state is
+/// published (see [`finish_plug`]).
+struct Finished {
+    /// The flush write-protected it: the protection goes if it stayed.
+    lift: bool,
+    /// Its copy is all there is of pages that left: it is brought back.
+    bring_back: bool,
+    /// Part of it left memory and part stayed in place.
+    partly_lost: bool,
+    /// Where pages the program moved away from it meanwhile live now.
+    moved: Vec<(usize, usize)>,
+    /// It left memory.
+    gone: bool,
+}
+
+/// Ends folio `i`'s eviction under the plug's settled gate, given the pages
+/// of it still in place (`present`, looked at only if it was stored):
+/// applies what the program did to it meanwhile, hands it to forked
+/// children that inherited it (their follow-ups go in `follow_ups`) and
+/// publishes its state.
+#[allow(clippy::too_many_arguments)]
+fn finish_folio(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    result: Result<SlotRange, StoreError>,
+    present: PageMask,
+    was_protected: bool,
+    locked: bool,
+    follow_ups: &mut Vec<FollowUp>,
+) -> Finished {
+    let f = &region.folios[i];
+    let fs = region.folio_size;
+    let pages = region.pages_per_folio() as usize;
     // Read, not taken: a fault where moved pages now live looks for them
     // in the extras (under the gate's read side, like this), and must find
     // them until they are installed.
@@ -1027,7 +1123,7 @@ fn finish_folio(
     // count: where the program unmapped, moved or dropped part of it, what
     // is there now (new memory it mapped) is not the folio's.
     let mut partly_lost = false;
-    if let (Some(range), Some(present)) = (stored, present) {
+    if let Some(range) = stored {
         let holes = extras.holes();
         let own = |p: &usize| !holes.contains(*p);
         let stayed = (0..pages)
@@ -1051,7 +1147,7 @@ fn finish_folio(
         Some(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
         None => Outcome::Resident,
     };
-    events::resolve_inheritors(shared, space.id, region.id, i, outcome, &mut follow_ups);
+    events::resolve_inheritors(shared, space.id, region.id, i, outcome, follow_ups);
     let mut bring_back = false;
     match stored {
         Some(range) => {
@@ -1127,29 +1223,41 @@ fn finish_folio(
             }
         }
     }
-    let start = region.folio_addr(i);
-    if was_protected {
-        lift_protection(shared, space, region, i, gate);
-    } else {
-        drop(gate);
+    Finished {
+        lift: was_protected,
+        bring_back,
+        partly_lost,
+        moved: extras.moved_ranges().collect(),
+        gone: stored.is_some(),
     }
-    // Writers held on the protection refault and load the folio; faults
-    // where its moved pages live refault and find them (or a hole).
-    swapin::wake_range(space, start, fs);
-    for (to, len) in extras.moved_ranges() {
-        swapin::wake_range(space, to, len);
+}
+
+/// Ends folio `i`'s eviction once its process is gone
+/// (`events::release_space` left the folio to the reclaimer): nothing to
+/// keep for it. Children it forked meanwhile still wait for the folio
+/// (INHERITING): they share what was stored, or keep the pages they have if
+/// nothing was.
+fn finish_folio_of_gone(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    result: Result<SlotRange, StoreError>,
+    follow_ups: &mut Vec<FollowUp>,
+) {
+    let outcome = match &result {
+        Ok(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
+        Err(_) => Outcome::Resident,
+    };
+    events::resolve_inheritors(shared, space.id, region.id, i, outcome, follow_ups);
+    if let Ok(range) = result {
+        shared.store.invalidate(range);
     }
-    if bring_back {
-        swapin::swap_in(shared, space, region, i, &mut Worker, false);
-        if partly_lost && was_protected {
-            // The pages that stayed keep the flush's protection otherwise
-            // (the folio was not resident above): lifted, as for a folio
-            // that stays.
-            lift_protection(shared, space, region, i, shared.read_gate());
-        }
-    }
-    serve_follow_ups(shared, follow_ups);
-    stored.is_some()
+    region.folios[i].set(GONE);
+    space.take_extras(region, i);
+    shared
+        .resident
+        .fetch_sub(region.folio_size, Ordering::AcqRel);
 }
 
 /// Lifts the flush's write protection from folio `i` if it stayed resident
@@ -1165,18 +1273,19 @@ fn finish_folio(
 /// unseen, and its next eviction dropped it as unchanged. What is left of a
 /// folio no longer resident (a part unmapped or moved) keeps the
 /// protection: a write there finds it stale and lifts it as any other
-/// (counted, see `Unprotects`).
+/// (counted, see `Unprotects`). Returns the gate, taken again if it was
+/// let go.
 fn lift_protection<'a>(
     shared: &'a Shared,
     space: &Space,
     region: &RegionInner,
     i: usize,
     mut gate: std::sync::RwLockReadGuard<'a, ()>,
-) {
+) -> std::sync::RwLockReadGuard<'a, ()> {
     loop {
         let w = region.folios[i].load();
         if folio::state(w) != RESIDENT || w & UNFIT != 0 {
-            return;
+            return gate;
         }
         let start = region.folio_addr(i);
         #[cfg(feature = "fault-injection")]
@@ -1187,7 +1296,7 @@ fn lift_protection<'a>(
                 std::thread::yield_now();
                 gate = shared.read_gate();
             }
-            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => return,
+            Ok(()) | Err(UffdError::NoMapping | UffdError::ProcessGone) => return gate,
             Err(e) => panic!("lifting write protection at {start:#x}: {e}"),
         }
     }
