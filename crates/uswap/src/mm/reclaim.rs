@@ -985,6 +985,10 @@ fn finish_plug(
             let masks = memory.present_folios(v.region.folio_addr(v.folio), fs, count);
             present[first..first + count].copy_from_slice(&masks);
         }
+        if stored_runs.is_empty() {
+            // Nothing looked at: nothing to probe for.
+            break (gate, Some(present));
+        }
         match space.uffd.write_protect(probe.0, probe.1, true) {
             Err(UffdError::Again) => {
                 drop(gate);
@@ -1024,7 +1028,11 @@ fn finish_plug(
         })
         .collect();
     // Where the writers held on the protection wait: one wake per run of
-    // adjacent folios, at the address the folios have under this gate.
+    // adjacent folios, at the address the folios have under this gate. A
+    // lift below that lets the gate go may let a move of the region in
+    // first; the writers held at the old address are then woken by the
+    // move's own handling (`events::on_remap`), and a wake at the old
+    // address only makes a thread fault again.
     let wakes: Vec<(usize, usize)> = runs(plug, |_| true)
         .into_iter()
         .map(|(first, count)| {
