@@ -547,3 +547,71 @@ fn pagemap_entries(pagemap: &File, start: usize, len: usize) -> io::Result<Vec<u
         .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")))
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FOLIO: usize = 16 * PAGE_SIZE;
+
+    /// Four folios of new private memory with pages `touched` (folio,
+    /// page) written, the rest never touched.
+    fn four_folios(touched: &[(usize, usize)]) -> usize {
+        // SAFETY: a new private mapping of our own.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4 * FOLIO,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        for &(f, p) in touched {
+            // SAFETY: inside the mapping made above.
+            unsafe { *((base as usize + f * FOLIO + p * PAGE_SIZE) as *mut u8) = 1 };
+        }
+        base as usize
+    }
+
+    fn mask(pages: &[usize]) -> PageMask {
+        let mut m = PageMask::default();
+        for &p in pages {
+            m.insert_range(p, p + 1);
+        }
+        m
+    }
+
+    #[test]
+    fn present_folios_reads_each_folio_of_a_span_as_one_look_would() {
+        let memory = Memory::own(None).unwrap();
+        let touched = [(0, 0), (0, 3), (1, 15), (3, 7), (3, 8)];
+        let base = four_folios(&touched);
+        let want = [mask(&[0, 3]), mask(&[15]), mask(&[]), mask(&[7, 8])];
+        assert_eq!(memory.present_folios(base, FOLIO, 4), want);
+        for (k, w) in want.iter().enumerate() {
+            assert_eq!(memory.present_pages(base + k * FOLIO, FOLIO), *w);
+        }
+        // SAFETY: the mapping made above, which nothing else uses.
+        unsafe { libc::munmap(base as *mut _, 4 * FOLIO) };
+    }
+
+    #[test]
+    fn present_folios_over_a_hole_reads_the_rest() {
+        let memory = Memory::own(None).unwrap();
+        let base = four_folios(&[(1, 0), (1, 9), (2, 2), (2, 12), (3, 1)]);
+        // Pages 4..10 of folio 1 unmapped: the span's single look fails,
+        // and each folio is read on its own (folio 1 page by page).
+        // SAFETY: part of the mapping made above.
+        assert_eq!(
+            unsafe { libc::munmap((base + FOLIO + 4 * PAGE_SIZE) as *mut _, 6 * PAGE_SIZE) },
+            0
+        );
+        let want = [mask(&[]), mask(&[0]), mask(&[2, 12]), mask(&[1])];
+        assert_eq!(memory.present_folios(base, FOLIO, 4), want);
+        // SAFETY: what is left of the mapping made above.
+        unsafe { libc::munmap(base as *mut _, 4 * FOLIO) };
+    }
+}
