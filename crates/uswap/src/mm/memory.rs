@@ -294,44 +294,42 @@ impl Memory {
     pub fn present_folios(&self, start: usize, folio_len: usize, count: usize) -> Vec<PageMask> {
         let per = folio_len / PAGE_SIZE;
         let len = folio_len * count;
-        let mut masks = vec![PageMask::default(); count];
-        let mut flags = vec![false; per * count];
+        // One byte per page, its low bit set where the page is present.
+        let mut pages = vec![0u8; per * count];
         match self {
             Memory::Own { .. } => {
-                let mut vec = vec![0u8; per * count];
                 // SAFETY: mincore writes one byte per page of the range into
-                // `vec`, which has one per page; an unmapped range is an
+                // `pages`, which has one per page; an unmapped range is an
                 // error.
-                if unsafe { libc::mincore(start as *mut _, len, vec.as_mut_ptr()) } == 0 {
-                    for (flag, byte) in flags.iter_mut().zip(&vec) {
-                        *flag = byte & 1 != 0;
+                if unsafe { libc::mincore(start as *mut _, len, pages.as_mut_ptr()) } != 0 {
+                    if count > 1 {
+                        // Part of it is not mapped: a folio at a time.
+                        return (0..count)
+                            .map(|k| self.present_pages(start + k * folio_len, folio_len))
+                            .collect();
                     }
-                } else if count > 1 {
-                    // Part of it is not mapped: a folio at a time.
-                    return (0..count)
-                        .map(|k| self.present_pages(start + k * folio_len, folio_len))
-                        .collect();
-                } else {
                     // Part of the folio is not mapped: page by page.
-                    for (p, flag) in flags.iter_mut().enumerate() {
-                        let mut one = 0u8;
+                    for (p, page) in pages.iter_mut().enumerate() {
                         // SAFETY: as above, for one page.
                         let r = unsafe {
-                            libc::mincore((start + p * PAGE_SIZE) as *mut _, PAGE_SIZE, &mut one)
+                            libc::mincore((start + p * PAGE_SIZE) as *mut _, PAGE_SIZE, page)
                         };
-                        *flag = r == 0 && one & 1 != 0;
+                        if r != 0 {
+                            *page = 0;
+                        }
                     }
                 }
             }
             Memory::Remote { pagemap, .. } => {
                 if let Ok(entries) = pagemap_entries(pagemap, start, len) {
-                    for (flag, e) in flags.iter_mut().zip(entries) {
-                        *flag = e & (PM_PRESENT | PM_SWAPPED) != 0;
+                    for (page, e) in pages.iter_mut().zip(entries) {
+                        *page = u8::from(e & (PM_PRESENT | PM_SWAPPED) != 0);
                     }
                 }
             }
         }
-        for (p, _) in flags.iter().enumerate().filter(|(_, &flag)| flag) {
+        let mut masks = vec![PageMask::default(); count];
+        for p in (0..pages.len()).filter(|&p| pages[p] & 1 != 0) {
             masks[p / per].insert_range(p % per, p % per + 1);
         }
         masks

@@ -1151,10 +1151,7 @@ fn finish_folio(
             }
         }
     }
-    let outcome = match stored {
-        Some(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
-        None => Outcome::Resident,
-    };
+    let outcome = outcome_of(stored.as_ref());
     events::resolve_inheritors(shared, space.id, region.id, i, outcome, follow_ups);
     let mut bring_back = false;
     match stored {
@@ -1240,6 +1237,15 @@ fn finish_folio(
     }
 }
 
+/// What an evicted folio's inheritors take over: its stored copy, or the
+/// pages they have if nothing was stored.
+fn outcome_of(stored: Option<&SlotRange>) -> Outcome {
+    match stored {
+        Some(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
+        None => Outcome::Resident,
+    }
+}
+
 /// Ends folio `i`'s eviction once its process is gone
 /// (`events::release_space` left the folio to the reclaimer): nothing to
 /// keep for it. Children it forked meanwhile still wait for the folio
@@ -1253,10 +1259,7 @@ fn finish_folio_of_gone(
     result: Result<SlotRange, StoreError>,
     follow_ups: &mut Vec<FollowUp>,
 ) {
-    let outcome = match &result {
-        Ok(range) => Outcome::Swapped(folio::with_slot(SWAPPED, range.first)),
-        Err(_) => Outcome::Resident,
-    };
+    let outcome = outcome_of(result.as_ref().ok());
     events::resolve_inheritors(shared, space.id, region.id, i, outcome, follow_ups);
     if let Ok(range) = result {
         shared.store.invalidate(range);
