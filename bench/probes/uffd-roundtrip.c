@@ -1,7 +1,7 @@
 /* The floor of a userfaultfd fault on this machine, by where the handler
  * runs: one thread reads 20,000 fresh pages one after the other, and a
  * handler thread answers each fault with one 4 KiB UFFDIO_COPY (which wakes
- * the reader). Five placements, each run in turn:
+ * the reader). Six placements, each run in turn:
  *
  *   poll, any CPU:     the handler sleeps in poll between faults, and the
  *                      scheduler places both threads (the descriptor is
@@ -13,6 +13,10 @@
  *                      loop (never sleeps), reader on CPU 1
  *   spin, any CPU:     the same, both placed by the scheduler (as the
  *                      runtime's event thread and a program's thread are)
+ *   poll, one per CPU: a handler pinned to each of CPUs 0 and 1, both
+ *                      asleep in poll, the reader placed by the scheduler:
+ *                      every fault wakes both, and the one on the reader's
+ *                      CPU answers first (the runtime's event readers)
  *
  *   cc -O2 -Wall -pthread bench/probes/uffd-roundtrip.c -o /tmp/rt && /tmp/rt
  *
@@ -40,7 +44,7 @@
 struct setup {
 	const char *name;
 	int spin;
-	int handler_cpu; /* -1: any */
+	int handler_cpu; /* -1: any; -2: one handler on each of CPUs 0 and 1 */
 	int reader_cpu;
 };
 
@@ -63,13 +67,13 @@ static void pin(int cpu)
 static void *handler(void *arg)
 {
 	struct pollfd p = { .fd = uffd, .events = POLLIN };
-	(void)arg;
-	pin(handler_cpu);
+	pin(handler_cpu == -2 ? (int)(long)arg : handler_cpu);
 	while (!stop) {
 		struct uffd_msg m;
 		if (!spin && poll(&p, 1, 10) <= 0)
 			continue;
 		if (read(uffd, &m, sizeof m) != sizeof m) {
+			/* EAGAIN: nothing yet, or the other handler took it. */
 			if (errno == EAGAIN)
 				continue;
 			perror("read");
@@ -127,8 +131,10 @@ static void measure(const struct setup *s)
 	spin = s->spin;
 	handler_cpu = s->handler_cpu;
 	stop = 0;
-	pthread_t t;
-	pthread_create(&t, NULL, handler, NULL);
+	pthread_t t[2];
+	int handlers = s->handler_cpu == -2 ? 2 : 1;
+	for (long h = 0; h < handlers; h++)
+		pthread_create(&t[h], NULL, handler, (void *)h);
 	cpu_set_t all;
 	sched_getaffinity(0, sizeof all, &all);
 	pin(s->reader_cpu);
@@ -139,7 +145,8 @@ static void measure(const struct setup *s)
 	}
 	sched_setaffinity(0, sizeof all, &all);
 	stop = 1;
-	pthread_join(t, NULL);
+	for (int h = 0; h < handlers; h++)
+		pthread_join(t[h], NULL);
 	munmap(area, len);
 	close(uffd);
 	qsort(lat, FAULTS, sizeof lat[0], by_value);
@@ -161,6 +168,7 @@ int main(void)
 		{ "poll, other CPU", 0, 0, 1 },
 		{ "spin, other CPU", 1, 0, 1 },
 		{ "spin, any CPU", 1, -1, -1 },
+		{ "poll, one per CPU", 0, -2, -1 },
 	};
 	memset_page();
 	for (size_t i = 0; i < sizeof setups / sizeof setups[0]; i++)

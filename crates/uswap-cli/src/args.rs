@@ -169,6 +169,20 @@ pub struct RuntimeArgs {
     /// needs no compression) or drop (every eviction compresses).
     #[arg(long, env = "USWAP_CLEAN_COPIES", default_value = "keep")]
     pub clean_copies: CleanCopies,
+    /// Which threads read the userfaultfds: per-cpu (one pinned to each CPU
+    /// the runtime may use, up to 4; the one on the faulting CPU serves the
+    /// fault) or one (placed by the scheduler).
+    #[arg(long, env = "USWAP_EVENT_READERS", default_value = "per-cpu")]
+    pub event_readers: Readers,
+}
+
+/// Which threads read the userfaultfds.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readers {
+    /// One pinned to each CPU (up to 4).
+    PerCpu,
+    /// One, placed by the scheduler.
+    One,
 }
 
 /// What a folio read back does with its stored copy.
@@ -379,6 +393,10 @@ impl RuntimeArgs {
             discard_by_move: self.discard == Discard::Move,
             layout: self.layout,
             keep_clean_copies: self.clean_copies == CleanCopies::Keep,
+            event_readers: match self.event_readers {
+                Readers::PerCpu => uswap::mm::EventReaders::PerCpu,
+                Readers::One => uswap::mm::EventReaders::One,
+            },
             ..uswap::mm::RuntimeConfig::default()
         }
     }

@@ -1,5 +1,6 @@
-//! Raw memory system calls shared by more than one module: mapping fresh
-//! anonymous memory, and asking whether a range of this process is mapped.
+//! Raw system calls shared by more than one module: mapping fresh
+//! anonymous memory, asking whether a range of this process is mapped, and
+//! the CPUs a thread may run on.
 
 use std::io;
 use std::ptr::NonNull;
@@ -41,4 +42,35 @@ pub(crate) fn any_unmapped(start: usize, end: usize) -> bool {
         at += len;
     }
     false
+}
+
+/// The CPUs the calling thread may run on, in order (empty if the kernel
+/// will not say).
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `allowed` is a valid cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &allowed) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`. Failure only costs locality, so it is
+/// not an error: the thread runs wherever the scheduler puts it.
+pub(crate) fn pin_to_cpu(cpu: usize) {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: as above.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE; the set is a valid cpu_set_t.
+    unsafe {
+        libc::CPU_SET(cpu, &mut one);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one);
+    }
 }

@@ -14,11 +14,15 @@ use std::time::Duration;
 use uswap::mm::Runtime;
 
 /// Threads own interleaved words (word i belongs to thread i % threads), so
-/// they share every folio; each keeps a model of its words.
-fn hammer(rt: &Runtime, words: Words, threads: usize, ops: usize, seed: u64) {
+/// they share every folio; each keeps a model of its words. Thread t runs on
+/// `cpus[t % cpus.len()]` alone, if `cpus` names any.
+fn hammer(rt: &Runtime, words: Words, threads: usize, ops: usize, seed: u64, cpus: &[usize]) {
     std::thread::scope(|s| {
         for t in 0..threads {
             s.spawn(move || {
+                if !cpus.is_empty() {
+                    pin_to(cpus[t % cpus.len()]);
+                }
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed + t as u64);
                 let mine = (words.count - t).div_ceil(threads);
                 let mut model = vec![0u64; mine];
@@ -54,7 +58,14 @@ fn random_access_case(folio: usize, batch: usize, swap_file: bool) {
     let rt = runtime(high, folio, batch, swap_file);
     let region = rt.map(6 * high).unwrap();
     let ops = if folio >= 2 * MIB { 3_000 } else { 30_000 };
-    hammer(&rt, Words::of(&region), 3, ops, folio as u64 + batch as u64);
+    hammer(
+        &rt,
+        Words::of(&region),
+        3,
+        ops,
+        folio as u64 + batch as u64,
+        &[],
+    );
     let stats = rt.stats();
     assert!(stats.evicted_folios > 0, "nothing was evicted: {stats:?}");
     assert!(stats.pgmajfault > 0, "nothing came back from the store");
@@ -103,6 +114,93 @@ fn random_access_2m_folios() {
     for (batch, file) in [(1, true), (8, false)] {
         random_access_case(2 * MIB, batch, file);
     }
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it in.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size given.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(r, 0, "sched_getaffinity");
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: as in `allowed_cpus`; `cpu` is below CPU_SETSIZE.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size given.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    assert_eq!(r, 0, "sched_setaffinity");
+}
+
+/// The CPUs the event readers of this process are pinned to: those of its
+/// threads named uswap-uffd* allowed on one CPU only.
+fn cpus_of_pinned_readers() -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let dir = task.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if !comm.starts_with("uswap-uffd") {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+            continue;
+        };
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .trim();
+        if let Ok(cpu) = list.parse::<usize>() {
+            cpus.push(cpu);
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    cpus
+}
+
+/// With a reader per CPU (the default on a machine of 2 to 4 CPUs), one
+/// reader is pinned to each CPU, and threads pinned to different CPUs
+/// faulting at once on evicted memory are served by readers taking the
+/// event thread's role in turn: every word comes back as written.
+#[test]
+fn readers_pinned_to_every_cpu_serve_threads_faulting_apart() {
+    let cpus = allowed_cpus();
+    if !(2..=uswap::mm::EventReaders::PER_CPU_MAX).contains(&cpus.len()) {
+        eprintln!("skipped: {} CPUs (one reader, not pinned)", cpus.len());
+        return;
+    }
+    within(Duration::from_secs(120), move || {
+        let high = 4 * MIB;
+        let rt = Runtime::new(uswap::mm::RuntimeConfig {
+            memory_high: high,
+            folio_size: 4096,
+            max_pool_bytes: Some(64 << 20),
+            event_readers: uswap::mm::EventReaders::PerCpu,
+            ..uswap::mm::RuntimeConfig::default()
+        })
+        .unwrap();
+        assert_eq!(
+            cpus_of_pinned_readers(),
+            cpus,
+            "a reader pinned to each CPU"
+        );
+        let region = rt.map(6 * high).unwrap();
+        hammer(&rt, Words::of(&region), 2 * cpus.len(), 20_000, 77, &cpus);
+        let stats = rt.stats();
+        assert!(stats.evicted_folios > 0, "nothing was evicted: {stats:?}");
+        assert!(stats.pgmajfault > 0, "nothing came back from the store");
+    });
 }
 
 #[test]

@@ -252,27 +252,10 @@ fn engine_loop(shared: &Shared, index: usize) {
 }
 
 /// Pins the calling thread to the `index`-th CPU it is allowed to run on
-/// (modulo their number). Failure only costs locality, so it is ignored.
+/// (modulo their number).
 fn pin_to_cpu(index: usize) {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `allowed` is a valid cpu_set_t of `size` bytes.
-    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
-        return;
-    }
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &allowed) })
-        .collect();
-    if cpus.is_empty() {
-        return;
-    }
-    // SAFETY: as above.
-    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the CPU number comes from the allowed set, below CPU_SETSIZE.
-    unsafe {
-        libc::CPU_SET(cpus[index % cpus.len()], &mut one);
-        libc::sched_setaffinity(0, size, &one);
+    let cpus = crate::sys::allowed_cpus();
+    if !cpus.is_empty() {
+        crate::sys::pin_to_cpu(cpus[index % cpus.len()]);
     }
 }

@@ -61,6 +61,8 @@ pub struct RuntimeConfig {
     /// async --event-spin-us 0,50` gave 4K no-pressure p50 18 us against
     /// 51 us, 92K against 33K pages/s, 64K unchanged.
     pub event_spin: Duration,
+    /// Which threads read the userfaultfds (see [`EventReaders`]).
+    pub event_readers: EventReaders,
     /// Serve forked children (UFFD_FEATURE_EVENT_FORK, which needs
     /// CAP_SYS_PTRACE). Without it a child would read swapped-out memory as
     /// zeros, so the runtime then refuses to start rather than risk it,
@@ -117,6 +119,7 @@ impl Default for RuntimeConfig {
             handoff_pages: 2,
             plug_timeout: Duration::from_millis(1),
             event_spin: Duration::from_micros(50),
+            event_readers: EventReaders::PerCpu,
             serve_forks: true,
             discard_by_move: true,
             layout: Layout::PerPage,
@@ -163,6 +166,41 @@ impl RuntimeConfig {
             return Err(BadConfig("memory_high must hold at least one folio".into()));
         }
         self.layout.validate().map_err(|e| BadConfig(e.0))
+    }
+}
+
+/// Which threads read the userfaultfds and serve what they read.
+///
+/// Whichever of them runs first after an event takes the event thread's
+/// role (its state and its place in the event gate's protocol); the others
+/// wait for the role to be free, then look again. A fault wakes every
+/// reader asleep in poll: with one pinned to each CPU, the one on the
+/// faulting thread's CPU runs as soon as that thread sleeps, and its
+/// install wakes the thread on the same CPU, with no wake-up sent across
+/// (which costs tens of microseconds where idle CPUs halt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventReaders {
+    /// One reader, placed by the scheduler.
+    One,
+    /// One reader pinned to each CPU the runtime may use, where those are
+    /// at most [`EventReaders::PER_CPU_MAX`] (every fault wakes every
+    /// sleeping reader); one unpinned reader beyond that.
+    PerCpu,
+}
+
+impl EventReaders {
+    /// The most CPUs served by a reader each.
+    pub const PER_CPU_MAX: usize = 4;
+
+    /// The CPU each reader is pinned to (`None`: not pinned), given the
+    /// CPUs the runtime may use.
+    pub fn placement(self, allowed: &[usize]) -> Vec<Option<usize>> {
+        match self {
+            EventReaders::PerCpu if (2..=Self::PER_CPU_MAX).contains(&allowed.len()) => {
+                allowed.iter().copied().map(Some).collect()
+            }
+            _ => vec![None],
+        }
     }
 }
 
@@ -275,5 +313,27 @@ impl Builder {
     /// Starts the runtime.
     pub fn build(self) -> io::Result<super::Runtime> {
         super::Runtime::new(self.config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EventReaders;
+
+    #[test]
+    fn readers_are_pinned_one_per_cpu_only_on_a_few_cpus() {
+        assert_eq!(
+            EventReaders::PerCpu.placement(&[0, 3]),
+            vec![Some(0), Some(3)]
+        );
+        let four = [0, 1, 2, 3];
+        assert_eq!(EventReaders::PerCpu.placement(&four).len(), 4);
+        // One CPU: nothing to choose between. Many: every fault would wake
+        // every reader.
+        assert_eq!(EventReaders::PerCpu.placement(&[2]), vec![None]);
+        let many: Vec<usize> = (0..=EventReaders::PER_CPU_MAX).collect();
+        assert_eq!(EventReaders::PerCpu.placement(&many), vec![None]);
+        assert_eq!(EventReaders::PerCpu.placement(&[]), vec![None]);
+        assert_eq!(EventReaders::One.placement(&four), vec![None]);
     }
 }

@@ -68,7 +68,7 @@ mod swapin;
 pub mod uffd;
 
 pub use attached::Attached;
-pub use config::{BadConfig, Builder, RuntimeConfig};
+pub use config::{BadConfig, Builder, EventReaders, RuntimeConfig};
 pub use counters::RuntimeStats;
 pub use latency::Latencies;
 pub use region::Region;
@@ -1084,7 +1084,7 @@ impl Drop for Runtime {
 
 /// Runs a runtime thread's body; a panic there would leave faults unserved
 /// and the program hung, so it ends the process with a message instead.
-fn fail_loudly(name: &str, body: impl FnOnce()) {
+pub(crate) fn fail_loudly(name: &str, body: impl FnOnce()) {
     if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         let what = payload
             .downcast_ref::<&str>()
