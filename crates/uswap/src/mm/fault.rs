@@ -691,10 +691,13 @@ fn read_and_serve(shared: &Shared, role: &Mutex<Role<'_>>, started: &Barrier, cp
         if shared.shutdown.load(Ordering::Acquire) {
             ev.finish();
             ev.finished = true;
+            ev.pass = None;
             return;
         }
         while ev.turn(false) && !shared.shutdown.load(Ordering::Acquire) {}
-        debug_assert!(ev.pass.is_none(), "the gate's pass outlived a turn");
+        // Released on this thread, before the role is (see `Role`). Each
+        // turn has let it go already.
+        ev.pass = None;
     }
 }
 
@@ -739,9 +742,11 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
 /// The event thread's state, passed from reader to reader.
 struct Role<'a>(EventThread<'a>);
 
-// SAFETY: the one member that may not cross threads, the gate's read guard
-// (`EventThread::pass`), is taken and released within one turn, on the
-// thread holding the role: it is `None` whenever the role's lock is free.
+// SAFETY: every member but one is `Send`. The one that may not cross
+// threads, the gate's read guard (`EventThread::pass`), is taken on the
+// thread holding the role and released there before the role's lock is
+// (`read_and_serve` clears it last thing): it is `None` whenever the lock
+// is free, so no guard ever reaches another thread.
 unsafe impl Send for Role<'_> {}
 
 impl EventThread<'_> {
