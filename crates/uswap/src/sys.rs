@@ -63,14 +63,20 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
 /// Pins the calling thread to `cpu`. Failure only costs locality, so it is
 /// not an error: the thread runs wherever the scheduler puts it.
 pub(crate) fn pin_to_cpu(cpu: usize) {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return;
+    set_affinity(0, &[cpu]);
+}
+
+/// Lets thread `tid` (0: the calling thread) of this process run on `cpus`
+/// (those below CPU_SETSIZE). Failure only costs locality, so it is not an
+/// error.
+pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `cpu` is below CPU_SETSIZE; the set is a valid cpu_set_t.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
     }
-    // SAFETY: as above.
-    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE; the set is a valid cpu_set_t.
-    unsafe {
-        libc::CPU_SET(cpu, &mut one);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one);
-    }
+    // SAFETY: `set` is a valid cpu_set_t of the size given; the kernel
+    // refuses an empty set or a thread that is not there.
+    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
 }

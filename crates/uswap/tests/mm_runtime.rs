@@ -203,6 +203,85 @@ fn readers_pinned_to_every_cpu_serve_threads_faulting_apart() {
     });
 }
 
+/// A reader holding the event thread's role, pinned to a CPU that a
+/// real-time thread then keeps busy (woken by the reader's own install, it
+/// takes the CPU at once), does not hold every other fault up for as long
+/// as that thread runs: a reader waiting for the role lets the holder run
+/// on another CPU. Run in a process of its own (the real-time thread
+/// keeps one CPU for 600 ms).
+#[test]
+fn a_role_holder_kept_off_its_cpu_does_not_hold_other_faults_up() {
+    const NAME: &str = "a_role_holder_kept_off_its_cpu_does_not_hold_other_faults_up";
+    let cpus = allowed_cpus();
+    if !(2..=uswap::mm::EventReaders::PER_CPU_MAX).contains(&cpus.len()) {
+        eprintln!("skipped: {} CPUs (one reader, not pinned)", cpus.len());
+        return;
+    }
+    if std::env::var("USWAP_TEST_CHILD").is_err() {
+        let ended = common::in_child_process(NAME, Duration::from_secs(60));
+        assert_eq!(ended, (Some(0), None), "the child's run");
+        return;
+    }
+    let rt = Runtime::new(uswap::mm::RuntimeConfig {
+        memory_high: 4 * MIB,
+        folio_size: 4096,
+        max_pool_bytes: Some(64 << 20),
+        event_readers: uswap::mm::EventReaders::PerCpu,
+        ..uswap::mm::RuntimeConfig::default()
+    })
+    .unwrap();
+    let region = rt.map(16 * MIB).unwrap();
+    fill_and_evict(&rt, &region);
+    let words = Words::of(&region);
+    // The first pages written are the first evicted.
+    let (first, second) = (0, 4096 / 8);
+    let before = rt.stats().pgmajfault;
+    let busy = std::sync::Arc::new(AtomicBool::new(false));
+    let (cpu0, cpu1) = (cpus[0], cpus[1]);
+    let hog = {
+        let busy = busy.clone();
+        std::thread::spawn(move || {
+            pin_to(cpu0);
+            let fifo = libc::sched_param { sched_priority: 1 };
+            // SAFETY: sets the calling thread's policy from a valid param.
+            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) } != 0 {
+                busy.store(true, Ordering::Release);
+                return false;
+            }
+            assert_eq!(words.read(first), first as u64 ^ 0x5555);
+            busy.store(true, Ordering::Release);
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_millis(600) {
+                std::hint::spin_loop();
+            }
+            let other = libc::sched_param { sched_priority: 0 };
+            // SAFETY: as above.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &other) };
+            true
+        })
+    };
+    pin_to(cpu1);
+    while !busy.load(Ordering::Acquire) {
+        std::hint::spin_loop();
+    }
+    let start = std::time::Instant::now();
+    assert_eq!(words.read(second), second as u64 ^ 0x5555);
+    let took = start.elapsed();
+    eprintln!("the fault on the other CPU took {took:?}");
+    if !hog.join().unwrap() {
+        eprintln!("skipped: no SCHED_FIFO here");
+        return;
+    }
+    assert!(
+        rt.stats().pgmajfault >= before + 2,
+        "both words came back from the store"
+    );
+    assert!(
+        took < Duration::from_millis(300),
+        "a fault on another CPU waited {took:?} for the role"
+    );
+}
+
 #[test]
 fn writes_racing_eviction_are_never_lost() {
     let high = 2 * MIB;

@@ -62,7 +62,7 @@ use crate::page::{page_floor, PAGE_SIZE};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 const POLL_TIMEOUT_MS: i32 = 50;
@@ -617,87 +617,189 @@ impl Server for EventThread<'_> {
 /// while there are events to read and work to do (see [`read_and_serve`]).
 /// Returns once the runtime has ended and one of them has finished it.
 pub(crate) fn event_loop(shared: &Shared) {
-    let places = shared
-        .config
-        .event_readers
-        .placement(&crate::sys::allowed_cpus());
-    let role = Mutex::new(Role(EventThread {
-        shared,
-        pass: None,
-        backlog: VecDeque::new(),
-        follow_ups: Vec::new(),
-        raw: Vec::with_capacity(PENDING_EVENTS),
-        origin: Vec::with_capacity(PENDING_EVENTS),
-        pollfds: Vec::with_capacity(64),
-        reaped: Instant::now(),
-        last_event: Instant::now(),
-        drop_begun: None,
-        served_in_place: InPlace::Told,
-        handed_on: Vec::new(),
-        finished: false,
-    }));
+    let allowed = crate::sys::allowed_cpus();
+    let places = shared.config.event_readers.placement(&allowed);
+    let role = RoleLock {
+        state: Mutex::new(Role(EventThread {
+            shared,
+            pass: None,
+            backlog: VecDeque::new(),
+            follow_ups: Vec::new(),
+            raw: Vec::with_capacity(PENDING_EVENTS),
+            origin: Vec::with_capacity(PENDING_EVENTS),
+            pollfds: Vec::with_capacity(64),
+            reaped: Instant::now(),
+            last_event: Instant::now(),
+            drop_begun: None,
+            served_in_place: InPlace::Told,
+            handed_on: Vec::new(),
+            finished: false,
+        })),
+        holder: Mutex::new(Holder::default()),
+        freed: Condvar::new(),
+        allowed,
+    };
     // Every reader past its start-up allocations before the runtime is
     // handed out (see `Runtime::new`).
-    let started = Barrier::new(places.len());
+    let started = (Mutex::new(0usize), Condvar::new());
     std::thread::scope(|scope| {
+        let mut others = 0;
         for (i, &cpu) in places.iter().enumerate().skip(1) {
             let (role, started) = (&role, &started);
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("uswap-uffd-{i}"))
                 .spawn_scoped(scope, move || {
                     super::fail_loudly(&format!("uswap-uffd-{i}"), || {
-                        read_and_serve(shared, role, started, cpu)
+                        read_and_serve(shared, role, cpu, || {
+                            *started.0.lock().expect("started lock") += 1;
+                            started.1.notify_all();
+                        })
                     })
-                })
-                .expect("starting an event reader");
+                });
+            match spawned {
+                Ok(_) => others += 1,
+                // The readers there are serve every CPU, if with less
+                // locality.
+                Err(e) => eprintln!("uswap: starting event reader {i}: {e}; going on without it"),
+            }
         }
-        read_and_serve(shared, &role, &started, places[0]);
+        read_and_serve(shared, &role, places[0], || {
+            let count = started.0.lock().expect("started lock");
+            drop(
+                started
+                    .1
+                    .wait_while(count, |n| *n < others)
+                    .expect("started lock"),
+            );
+            shared.thread_started();
+        });
     });
+}
+
+/// How long a reader waits for the role before it lets the holder run on
+/// any CPU: a holder pinned to a CPU that a thread of higher priority (a
+/// real-time one, say) keeps busy would otherwise hold the role, and every
+/// fault with it, for as long as that thread runs. Far longer than a busy
+/// turn (the largest swap-in served in place).
+const HOLDER_GRACE: Duration = Duration::from_millis(5);
+
+/// The event thread's role: its state, and who holds it.
+///
+/// Lock order: `holder`, then `state`; `holder` is held only for moments
+/// (never while turning).
+struct RoleLock<'a> {
+    state: Mutex<Role<'a>>,
+    holder: Mutex<Holder>,
+    /// Signalled when the role is given up while a reader waits for it.
+    freed: Condvar,
+    /// The CPUs the runtime may use: a holder's pin is widened to them.
+    allowed: Vec<usize>,
+}
+
+/// Who holds the role, and who waits for it.
+#[derive(Default)]
+struct Holder {
+    /// The holder's thread id (0: the role is free).
+    tid: i32,
+    /// Readers waiting for the role.
+    waiting: usize,
+    /// A waiting reader let the holder run on any CPU; it pins itself
+    /// again when it gives the role up.
+    widened: bool,
+}
+
+impl<'a> RoleLock<'a> {
+    /// Waits for the role and takes it for thread `tid`. A holder that
+    /// keeps it past [`HOLDER_GRACE`] is let run on any CPU.
+    fn take(&self, tid: i32) -> std::sync::MutexGuard<'_, Role<'a>> {
+        let mut h = self.holder.lock().expect("role holder lock");
+        while h.tid != 0 {
+            h.waiting += 1;
+            let (again, wait) = self
+                .freed
+                .wait_timeout(h, HOLDER_GRACE)
+                .expect("role holder lock");
+            h = again;
+            h.waiting -= 1;
+            if wait.timed_out() && h.tid != 0 && !h.widened {
+                // Under the holder lock, so that the holder, which gives
+                // the role up under it, finds the flag once this is done.
+                crate::sys::set_affinity(h.tid, &self.allowed);
+                h.widened = true;
+            }
+        }
+        h.tid = tid;
+        drop(h);
+        // Uncontended: only the thread named holder takes it.
+        self.state.lock().expect("event role lock")
+    }
+
+    /// Gives the role up; the holder (pinned to `cpu`, if given) pins
+    /// itself again if a waiting reader widened it. The gate's pass goes
+    /// first, on this thread (see [`Role`]).
+    fn give_up(&self, mut state: std::sync::MutexGuard<'_, Role<'a>>, cpu: Option<usize>) {
+        state.0.pass = None;
+        drop(state);
+        let mut h = self.holder.lock().expect("role holder lock");
+        h.tid = 0;
+        let widened = std::mem::take(&mut h.widened);
+        if h.waiting > 0 {
+            self.freed.notify_one();
+        }
+        drop(h);
+        if let (true, Some(cpu)) = (widened, cpu) {
+            crate::sys::pin_to_cpu(cpu);
+        }
+    }
 }
 
 /// One event reader (pinned to `cpu`, if given): it sleeps in poll on
 /// every space's descriptor, then takes the event thread's role and turns
 /// while there is anything to read or serve (and for `event_spin` after
 /// the last event), then gives the role up and sleeps again. A reader
-/// woken while another holds the role waits for it on the role's lock,
-/// then looks for itself: what the holder read is gone by then.
+/// woken while another holds the role waits for it, then looks for
+/// itself: what the holder read is gone by then. `started` is called once
+/// the reader's start-up allocations are done.
 ///
 /// The sleeping poll allocates nothing while a fork may be in flight: a
 /// forking program holds glibc's malloc locks until the fork's event is
-/// read, and a reader stuck in malloc outside the role is harmless only
-/// while another reader is not stuck the same way. So its list of
-/// descriptors grows only under the gate's read side, which a fork's
-/// prepare handler cannot take meanwhile; without it, the reader skips the
-/// sleep.
-fn read_and_serve(shared: &Shared, role: &Mutex<Role<'_>>, started: &Barrier, cpu: Option<usize>) {
+/// read, by whichever reader holds the role, which must not find every
+/// reader stuck in malloc. So a reader's list of descriptors grows only
+/// under the gate's read side, which a fork's prepare handler cannot take
+/// meanwhile; without it, the reader skips the sleep.
+fn read_and_serve(
+    shared: &Shared,
+    role: &RoleLock<'_>,
+    cpu: Option<usize>,
+    started: impl FnOnce(),
+) {
     if let Some(cpu) = cpu {
         crate::sys::pin_to_cpu(cpu);
     }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
     let mut pollfds: Vec<libc::pollfd> = Vec::with_capacity(64);
-    if started.wait().is_leader() {
-        shared.thread_started();
-    }
+    started();
     loop {
         if wait_for_events(shared, &mut pollfds) {
             // A space's events are held: its pending events would wake the
             // poll at once. The role holder looks again after a yield.
             std::thread::yield_now();
         }
-        let mut held = role.lock().expect("event role lock");
-        let ev = &mut held.0;
+        let mut state = role.take(tid);
+        let ev = &mut state.0;
         if ev.finished {
+            role.give_up(state, cpu);
             return;
         }
         if shared.shutdown.load(Ordering::Acquire) {
             ev.finish();
             ev.finished = true;
-            ev.pass = None;
+            role.give_up(state, cpu);
             return;
         }
         while ev.turn(false) && !shared.shutdown.load(Ordering::Acquire) {}
-        // Released on this thread, before the role is (see `Role`). Each
-        // turn has let it go already.
-        ev.pass = None;
+        role.give_up(state, cpu);
     }
 }
 
@@ -745,8 +847,8 @@ struct Role<'a>(EventThread<'a>);
 // SAFETY: every member but one is `Send`. The one that may not cross
 // threads, the gate's read guard (`EventThread::pass`), is taken on the
 // thread holding the role and released there before the role's lock is
-// (`read_and_serve` clears it last thing): it is `None` whenever the lock
-// is free, so no guard ever reaches another thread.
+// (`RoleLock::give_up` clears it first): it is `None` whenever the lock is
+// free, so no guard ever reaches another thread.
 unsafe impl Send for Role<'_> {}
 
 impl EventThread<'_> {
@@ -819,7 +921,11 @@ impl EventThread<'_> {
                 } else if unsettled {
                     // No event to come and settle them: a pass with nothing
                     // read looks at them again (see `events::settle_drops`).
-                    self.read_pending();
+                    // What it reads after all (a fault that came after the
+                    // poll) is served at once: no poll wakes for it now.
+                    if self.read_pending() > 0 {
+                        return true;
+                    }
                 }
                 return spinning || held;
             }
