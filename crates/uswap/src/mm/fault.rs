@@ -685,8 +685,9 @@ const HOLDER_GRACE: Duration = Duration::from_millis(5);
 
 /// The event thread's role: its state, and who holds it.
 ///
-/// Lock order: `holder`, then `state`; `holder` is held only for moments
-/// (never while turning).
+/// The two locks are never held together: `holder` is taken for moments,
+/// to name or clear the holder, and `state` by the thread named holder
+/// while it turns.
 struct RoleLock<'a> {
     state: Mutex<Role<'a>>,
     holder: Mutex<Holder>,
@@ -804,9 +805,9 @@ fn read_and_serve(
 }
 
 /// Sleeps in poll (for at most [`POLL_TIMEOUT_MS`]) until some live space
-/// not held has an event pending. Returns without sleeping whether some
-/// space is held, or when `pollfds` would have to grow and the gate is
-/// not to be had (see [`read_and_serve`]).
+/// not held has an event pending, and returns whether some space is held.
+/// It does not sleep where one is, nor where `pollfds` would have to grow
+/// and the gate is not to be had (see [`read_and_serve`]).
 fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
     let spaces = shared.spaces.read().expect("spaces lock");
     if spaces.len() > pollfds.capacity() {
