@@ -177,7 +177,9 @@ impl RuntimeConfig {
 /// reader asleep in poll: with one pinned to each CPU, the one on the
 /// faulting thread's CPU runs as soon as that thread sleeps, and its
 /// install wakes the thread on the same CPU, with no wake-up sent across
-/// (which costs tens of microseconds where idle CPUs halt).
+/// (which costs tens of microseconds where idle CPUs halt). The others'
+/// wake-ups cost CPU: a streaming job bound by CPU runs a few percent
+/// slower than with `One` (see docs/ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventReaders {
     /// One reader, placed by the scheduler.
