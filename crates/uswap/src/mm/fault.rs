@@ -819,18 +819,10 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
         };
         pollfds.reserve(spaces.len());
     }
-    pollfds.clear();
-    let mut held = false;
-    pollfds.extend(spaces.iter().map(|s| {
-        // Looked at only: a hold is ended by the role's holder alone.
-        let hold = matches!(hold_of(shared, s), Hold::Held);
-        held |= hold;
-        libc::pollfd {
-            fd: if hold { -1 } else { s.uffd.raw_fd() },
-            events: libc::POLLIN,
-            revents: 0,
-        }
-    }));
+    // Looked at only: a hold is ended by the role's holder alone.
+    let held = fill_poll_list(pollfds, &spaces, |s| {
+        matches!(hold_of(shared, s), Hold::Held)
+    });
     drop(spaces);
     if !held {
         // SAFETY: `pollfds` is a valid array of its length for the call.
@@ -843,6 +835,28 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
         };
     }
     held
+}
+
+/// Fills `pollfds` with one entry per space of `spaces`, those `held` says
+/// are held left out (their pending events would wake the poll at once);
+/// returns whether any was. Grows `pollfds` only past its capacity.
+fn fill_poll_list(
+    pollfds: &mut Vec<libc::pollfd>,
+    spaces: &[Arc<Space>],
+    mut held: impl FnMut(&Space) -> bool,
+) -> bool {
+    pollfds.clear();
+    let mut any = false;
+    pollfds.extend(spaces.iter().map(|s| {
+        let hold = held(s);
+        any |= hold;
+        libc::pollfd {
+            fd: if hold { -1 } else { s.uffd.raw_fd() },
+            events: libc::POLLIN,
+            revents: 0,
+        }
+    }));
+    any
 }
 
 /// The event thread's state, passed from reader to reader.
@@ -870,23 +884,15 @@ impl EventThread<'_> {
         }
         if self.backlog.is_empty() && self.follow_ups.is_empty() {
             let pollfds = &mut self.pollfds;
-            pollfds.clear();
-            let mut held = false;
-            let mut unsettled = false;
-            pollfds.extend(shared.spaces.read().expect("spaces lock").iter().map(|s| {
-                unsettled |= s.has_unsettled_drops.load(Ordering::Acquire);
-                // A held space is left out (its pending events would wake
-                // the poll at once), and looked at again at once: the hold
-                // ends when the reclaimer's call returns, which yielding
-                // lets it do.
-                let hold = events_held(shared, s);
-                held |= hold;
-                libc::pollfd {
-                    fd: if hold { -1 } else { s.uffd.raw_fd() },
-                    events: libc::POLLIN,
-                    revents: 0,
-                }
-            }));
+            let spaces = shared.spaces.read().expect("spaces lock");
+            let unsettled = spaces
+                .iter()
+                .any(|s| s.has_unsettled_drops.load(Ordering::Acquire));
+            // A held space is left out, and looked at again at once: the
+            // hold ends when the reclaimer's call returns, which yielding
+            // lets it do.
+            let held = fill_poll_list(pollfds, &spaces, |s| events_held(shared, s));
+            drop(spaces);
             // Not while the fillers work: the CPU is theirs.
             let spinning = self.last_event.elapsed() < shared.config.event_spin
                 && shared.filler_jobs.load(Ordering::Acquire) == 0;
