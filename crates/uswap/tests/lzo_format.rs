@@ -156,6 +156,21 @@ fn rle_and_far_matches_do_not_collide() {
     }
 }
 
+#[test]
+fn the_stream_depends_on_the_input_alone() {
+    // One table for every call, as the codec keeps one per thread: what an
+    // earlier input left in it must not show in the next stream.
+    let samples = samples();
+    let mut table = LzoTable::new();
+    for version in [Version::Lzo1x, Version::Rle] {
+        for data in &samples {
+            let mut out = vec![0u8; data.len() + data.len() / 16 + 64];
+            let n = compress(data, &mut out, version, &mut table).unwrap();
+            assert!(out[..n] == ours(data, version)[..]);
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
@@ -181,6 +196,41 @@ proptest! {
         let mut out = vec![0u8; data.len()];
         prop_assert!(decompress(&theirs, &mut out).is_ok());
         prop_assert_eq!(&out, &data);
+    }
+
+    /// Room is checked per instruction, for exactly what it writes, and
+    /// short literal runs are copied in blocks that may reach past them: a
+    /// capacity one byte short of the stream must be declined without a
+    /// panic, and the stream's own length must be enough, byte for byte.
+    #[test]
+    fn a_capacity_short_of_the_stream_is_declined(
+        chunks in proptest::collection::vec(
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..300),
+                (0usize..3000).prop_map(|n| vec![0u8; n]),
+                (any::<u8>(), 0usize..600).prop_map(|(b, n)| vec![b; n]),
+            ],
+            0..12,
+        ),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let data: Vec<u8> = chunks.concat();
+        let mut table = LzoTable::new();
+        for version in [Version::Lzo1x, Version::Rle] {
+            let full = ours(&data, version);
+            let mut exact = vec![0u8; full.len()];
+            prop_assert_eq!(compress(&data, &mut exact, version, &mut table), Some(full.len()));
+            prop_assert_eq!(&exact, &full);
+            let caps: Vec<usize> = if full.len() <= 400 {
+                (0..full.len()).collect()
+            } else {
+                vec![0, 1, full.len() - 1, full.len() - 2, full.len() - 17, cut.index(full.len())]
+            };
+            for cap in caps {
+                let mut short = vec![0u8; cap];
+                prop_assert_eq!(compress(&data, &mut short, version, &mut table), None, "capacity {}", cap);
+            }
+        }
     }
 
     #[test]

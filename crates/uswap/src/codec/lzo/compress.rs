@@ -7,8 +7,20 @@
 //! first in `lzo-rle` mode, since zero-filled stretches are the common case in
 //! swapped memory.
 //!
-//! Every write is checked against the caller's capacity, so an incompressible
-//! input is given up on as soon as the output is full.
+//! The dictionary is small and of 16-bit entries (16 KiB, as the kernel's),
+//! so that it stays in the first-level cache beside the input: the hash
+//! look-up is on the path of every byte not covered by a match. An entry holds
+//! the low 16 bits of a position; the candidate is the latest position at
+//! that distance (mod 65536), and its four bytes are compared before any use,
+//! so an entry from a stretch far back, or from an earlier call, costs a
+//! compare and nothing else. The table is cleared at each call, which keeps
+//! the output a function of the input alone.
+//!
+//! Room is checked once per instruction against the caller's capacity, for
+//! exactly what the instruction writes, so an incompressible input is given
+//! up on as soon as the output is full; short literal runs are copied 16
+//! bytes at a time where the output has room past them (what lies past the
+//! run is overwritten by the instructions that follow).
 
 use super::Version;
 
@@ -31,43 +43,27 @@ const M2_MAX_LEN: usize = 8;
 const M3_MAX_SHORT_LEN: usize = 33;
 const M4_MAX_SHORT_LEN: usize = 9;
 
-const HASH_BITS: u32 = 14;
+/// 8192 entries of 16 bits: 16 KiB, cleared per call (see the module doc;
+/// 16384 entries gave 0.2% better ratios on the corpus but cost 9% of the
+/// speed on 4 KiB pages, whose clearing then costs as much as their parse).
+const HASH_BITS: u32 = 13;
 const END_MARKER: [u8; 3] = [17, 0, 0];
+/// Literal runs up to this long are copied in one block of this size where
+/// the input and the output both have room for it.
+const LITERAL_BLOCK: usize = 16;
 
-/// The compressor's dictionary: for each hash of four bytes, the last position
-/// seen. Positions are stored offset by a per-call base, so entries from
-/// earlier calls read as empty without clearing the table each call.
+/// The compressor's dictionary: for each hash of four bytes, the low 16 bits
+/// of the last position seen.
 pub struct LzoTable {
-    slots: Vec<u32>,
-    base: u32,
+    slots: Box<[u16; 1 << HASH_BITS]>,
 }
 
 impl LzoTable {
     /// An empty table.
     pub fn new() -> LzoTable {
         LzoTable {
-            slots: vec![0; 1 << HASH_BITS],
-            base: 1,
+            slots: Box::new([0; 1 << HASH_BITS]),
         }
-    }
-
-    /// Starts a call over `len` bytes: every older entry is below the new base.
-    fn begin(&mut self, len: usize) -> u32 {
-        let span = u32::try_from(len).unwrap_or(u32::MAX).saturating_add(1);
-        match self
-            .base
-            .checked_add(span)
-            .and_then(|end| end.checked_add(span))
-        {
-            Some(_) => {}
-            None => {
-                self.slots.fill(0);
-                self.base = 1;
-            }
-        }
-        let base = self.base;
-        self.base += span;
-        base
     }
 }
 
@@ -77,24 +73,45 @@ impl Default for LzoTable {
     }
 }
 
+#[inline(always)]
 fn hash(v: u32) -> usize {
     (v.wrapping_mul(0x1824_429d) >> (32 - HASH_BITS)) as usize
 }
 
-fn read_u32(src: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(src[at..at + 4].try_into().expect("4 bytes"))
+/// The four bytes at `at`, little-endian.
+///
+/// # Safety
+/// `at + 4 <= src.len()`.
+#[inline(always)]
+unsafe fn read_u32(src: &[u8], at: usize) -> u32 {
+    debug_assert!(at + 4 <= src.len());
+    // SAFETY: inside `src` (the caller's promise); an unaligned read.
+    u32::from_le(unsafe { std::ptr::read_unaligned(src.as_ptr().add(at) as *const u32) })
 }
 
-fn read_u64(src: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"))
+/// The eight bytes at `at`, little-endian.
+///
+/// # Safety
+/// `at + 8 <= src.len()`.
+#[inline(always)]
+unsafe fn read_u64(src: &[u8], at: usize) -> u64 {
+    debug_assert!(at + 8 <= src.len());
+    // SAFETY: inside `src` (the caller's promise); an unaligned read.
+    u64::from_le(unsafe { std::ptr::read_unaligned(src.as_ptr().add(at) as *const u64) })
 }
 
-/// How many bytes from `a` and from `b` (`a < b`) agree, up to the end of `src`.
-fn common_length(src: &[u8], a: usize, b: usize) -> usize {
+/// How many bytes from `a` and from `b` agree, up to the end of `src`.
+///
+/// # Safety
+/// `a < b <= src.len()`.
+#[inline(always)]
+unsafe fn common_length(src: &[u8], a: usize, b: usize) -> usize {
+    debug_assert!(a < b && b <= src.len());
     let max = src.len() - b;
     let mut len = 0;
     while len + 8 <= max {
-        let diff = read_u64(src, a + len) ^ read_u64(src, b + len);
+        // SAFETY: a + len + 8 < b + len + 8 <= b + max = src.len().
+        let diff = unsafe { read_u64(src, a + len) ^ read_u64(src, b + len) };
         if diff != 0 {
             return len + (diff.trailing_zeros() / 8) as usize;
         }
@@ -104,6 +121,31 @@ fn common_length(src: &[u8], a: usize, b: usize) -> usize {
         len += 1;
     }
     len
+}
+
+/// How many zero bytes start `src[at..]`, `limit` at most.
+#[inline(always)]
+fn zero_length(src: &[u8], at: usize, limit: usize) -> usize {
+    let max = src.len().saturating_sub(at).min(limit);
+    let mut len = 0;
+    while len + 8 <= max {
+        // SAFETY: at + len + 8 <= at + max <= src.len().
+        let word = unsafe { read_u64(src, at + len) };
+        if word != 0 {
+            return len + (word.trailing_zeros() / 8) as usize;
+        }
+        len += 8;
+    }
+    while len < max && src[at + len] == 0 {
+        len += 1;
+    }
+    len
+}
+
+/// Bytes an extended length of `rest` (`>= 1`) takes.
+#[inline(always)]
+fn extension_len(rest: usize) -> usize {
+    rest.div_ceil(255)
 }
 
 /// The output being written, with what the next literal run needs to know.
@@ -118,84 +160,141 @@ struct Out<'a> {
 }
 
 impl Out<'_> {
-    fn byte(&mut self, b: u8) -> Option<()> {
-        *self.buf.get_mut(self.pos)? = b;
-        self.pos += 1;
-        Some(())
+    /// Whether `n` more bytes fit: every instruction asks once, for all it
+    /// writes, before it writes.
+    #[inline(always)]
+    fn room(&self, n: usize) -> Option<()> {
+        (self.buf.len() - self.pos >= n).then_some(())
     }
 
-    fn bytes(&mut self, run: &[u8]) -> Option<()> {
-        self.buf
-            .get_mut(self.pos..self.pos + run.len())?
-            .copy_from_slice(run);
-        self.pos += run.len();
-        Some(())
+    #[inline(always)]
+    fn byte(&mut self, b: u8) {
+        self.buf[self.pos] = b;
+        self.pos += 1;
     }
 
     /// The tail of an extended length (`rest >= 1`): 255 per zero byte, then
-    /// the remainder.
-    fn extension(&mut self, mut rest: usize) -> Option<()> {
+    /// the remainder ([`extension_len`] bytes).
+    fn extension(&mut self, mut rest: usize) {
         while rest > 255 {
-            self.byte(0)?;
+            self.byte(0);
             rest -= 255;
         }
-        self.byte(rest as u8)
+        self.byte(rest as u8);
     }
 
-    fn le16_with_state(&mut self, value: usize) -> Option<()> {
+    /// The two distance bytes of an M3 or M4, whose low two bits the next
+    /// literal run may fill.
+    #[inline(always)]
+    fn le16_with_state(&mut self, value: usize) {
         self.state_at = self.pos;
-        self.bytes(&[(value << 2) as u8, (value >> 6) as u8])
+        self.byte((value << 2) as u8);
+        self.byte((value >> 6) as u8);
     }
 
-    fn literals(&mut self, run: &[u8]) -> Option<()> {
-        let n = run.len();
+    /// The literals `src[from..to]`, with the instruction they need.
+    #[inline(always)]
+    fn literals(&mut self, src: &[u8], from: usize, to: usize) -> Option<()> {
+        let n = to - from;
         if n == 0 {
             return Some(());
         }
-        if self.pos == self.start && n <= 238 {
-            self.byte(17 + n as u8)?;
-        } else if n <= 3 && self.pos != self.start {
-            *self.buf.get_mut(self.state_at)? |= n as u8;
-        } else if n <= 18 {
-            self.byte((n - 3) as u8)?;
-        } else {
-            self.byte(0)?;
-            self.extension(n - 18)?;
+        let at_start = self.pos == self.start;
+        // Short runs, the common case: one check covers the instruction
+        // byte and the block.
+        if n <= LITERAL_BLOCK
+            && from + LITERAL_BLOCK <= src.len()
+            && self.room(1 + LITERAL_BLOCK).is_some()
+        {
+            if at_start {
+                self.byte(17 + n as u8);
+            } else if n <= 3 {
+                self.buf[self.state_at] |= n as u8;
+            } else {
+                self.byte((n - 3) as u8);
+            }
+            self.buf[self.pos..self.pos + LITERAL_BLOCK]
+                .copy_from_slice(&src[from..from + LITERAL_BLOCK]);
+            self.pos += n;
+            return Some(());
         }
-        self.bytes(run)
+        let header = if at_start && n <= 238 {
+            1
+        } else if n <= 3 {
+            0
+        } else if n <= 18 {
+            1
+        } else {
+            1 + extension_len(n - 18)
+        };
+        self.room(header + n)?;
+        if at_start && n <= 238 {
+            self.byte(17 + n as u8);
+        } else if n <= 3 {
+            self.buf[self.state_at] |= n as u8;
+        } else if n <= 18 {
+            self.byte((n - 3) as u8);
+        } else {
+            self.byte(0);
+            self.extension(n - 18);
+        }
+        self.buf[self.pos..self.pos + n].copy_from_slice(&src[from..to]);
+        self.pos += n;
+        Some(())
     }
 
+    #[inline(always)]
     fn matched(&mut self, distance: usize, len: usize) -> Option<()> {
         if len <= M2_MAX_LEN && distance <= M2_MAX_DISTANCE {
+            self.room(2)?;
             let d = distance - 1;
             self.state_at = self.pos;
-            self.bytes(&[((len - 1) << 5 | (d & 7) << 2) as u8, (d >> 3) as u8])
+            self.byte(((len - 1) << 5 | (d & 7) << 2) as u8);
+            self.byte((d >> 3) as u8);
         } else if distance <= M3_MAX_DISTANCE {
             if len <= M3_MAX_SHORT_LEN {
-                self.byte(32 | (len - 2) as u8)?;
+                self.room(3)?;
+                self.byte(32 | (len - 2) as u8);
             } else {
-                self.byte(32)?;
-                self.extension(len - M3_MAX_SHORT_LEN)?;
+                self.room(3 + extension_len(len - M3_MAX_SHORT_LEN))?;
+                self.byte(32);
+                self.extension(len - M3_MAX_SHORT_LEN);
             }
-            self.le16_with_state(distance - 1)
+            self.le16_with_state(distance - 1);
         } else {
             let d = distance - 16384;
             let high = ((d >> 11) & 8) as u8;
             if len <= M4_MAX_SHORT_LEN {
-                self.byte(16 | high | (len - 2) as u8)?;
+                self.room(3)?;
+                self.byte(16 | high | (len - 2) as u8);
             } else {
-                self.byte(16 | high)?;
-                self.extension(len - M4_MAX_SHORT_LEN)?;
+                self.room(3 + extension_len(len - M4_MAX_SHORT_LEN))?;
+                self.byte(16 | high);
+                self.extension(len - M4_MAX_SHORT_LEN);
             }
-            self.le16_with_state(d & 0x3fff)
+            self.le16_with_state(d & 0x3fff);
         }
+        Some(())
     }
 
+    #[inline(always)]
     fn zero_run(&mut self, len: usize) -> Option<()> {
+        self.room(4)?;
         let rest = len - MIN_ZERO_RUN;
-        self.byte(0x18 | (rest & 7) as u8)?;
+        self.byte(0x18 | (rest & 7) as u8);
         self.state_at = self.pos;
-        self.bytes(&[0xfc, 0xff, (rest >> 3) as u8])
+        self.byte(0xfc);
+        self.byte(0xff);
+        self.byte((rest >> 3) as u8);
+        Some(())
+    }
+
+    fn end(&mut self) -> Option<()> {
+        self.room(END_MARKER.len())?;
+        for b in END_MARKER {
+            self.byte(b);
+        }
+        Some(())
     }
 }
 
@@ -233,7 +332,9 @@ pub fn compress(
         state_at: 0,
     };
     if rle {
-        out.bytes(&[VERSION_MARKER, RLE_VERSION])?;
+        out.room(2)?;
+        out.byte(VERSION_MARKER);
+        out.byte(RLE_VERSION);
         out.start = out.pos;
     }
     let max_distance = if rle {
@@ -242,38 +343,42 @@ pub fn compress(
         M4_MAX_DISTANCE
     };
 
+    let slots = &mut *table.slots;
+    slots.fill(0);
     let n = src.len();
-    let base = table.begin(n);
     let mut literal_start = 0;
     let mut i = 0;
     while i + 4 <= n {
-        let v = read_u32(src, i);
+        // SAFETY: i + 4 <= n, the loop's condition.
+        let v = unsafe { read_u32(src, i) };
         // The first instruction must be a literal run (the decoder reads a
         // first byte above 17 as one), so zero runs start at position 1.
         if rle && v == 0 && i > 0 {
-            let mut run = MIN_ZERO_RUN;
-            let max = (n - i).min(MAX_ZERO_RUN);
-            while run < max && src[i + run] == 0 {
-                run += 1;
-            }
-            out.literals(&src[literal_start..i])?;
+            let run =
+                MIN_ZERO_RUN + zero_length(src, i + MIN_ZERO_RUN, MAX_ZERO_RUN - MIN_ZERO_RUN);
+            out.literals(src, literal_start, i)?;
             out.zero_run(run)?;
             i += run;
             literal_start = i;
             continue;
         }
-        let slot = &mut table.slots[hash(v)];
-        let candidate = *slot;
-        *slot = base + i as u32;
-        if candidate >= base {
-            let c = (candidate - base) as usize;
-            let distance = i - c;
-            if distance <= max_distance && read_u32(src, c) == v {
-                let mut len = 4 + common_length(src, c + 4, i + 4);
+        let slot = &mut slots[hash(v)];
+        // The latest position with these low 16 bits (0: the entry is this
+        // position's own). Never before the input's start, as the table was
+        // cleared and `i` only grows; checked all the same, as the read
+        // below depends on it.
+        let distance = (i as u16).wrapping_sub(*slot) as usize;
+        *slot = i as u16;
+        if distance != 0 && distance <= max_distance && distance <= i {
+            let c = i - distance;
+            // SAFETY: 0 <= c < i, and i + 4 <= n.
+            if unsafe { read_u32(src, c) } == v {
+                // SAFETY: c + 4 < i + 4 <= n.
+                let mut len = 4 + unsafe { common_length(src, c + 4, i + 4) };
                 if rle {
                     len = avoid_rle_ambiguity(distance, len);
                 }
-                out.literals(&src[literal_start..i])?;
+                out.literals(src, literal_start, i)?;
                 out.matched(distance, len)?;
                 i += len;
                 literal_start = i;
@@ -282,7 +387,7 @@ pub fn compress(
         }
         i += 1 + ((i - literal_start) >> 5);
     }
-    out.literals(&src[literal_start..])?;
-    out.bytes(&END_MARKER)?;
+    out.literals(src, literal_start, n)?;
+    out.end()?;
     Some(out.pos)
 }
