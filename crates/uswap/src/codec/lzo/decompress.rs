@@ -30,6 +30,11 @@
 //! So an M2 match and the 0..3 literals after it are composed in a register
 //! and written as one word where they fit in eight bytes ([`Decoder::short_match`]):
 //! 26 us on those streams, and no change on the corpus (41 us).
+//!
+//! Matches reaching 16 bytes back or more are copied 16 bytes at a time,
+//! half the loads and stores of 8-byte words: in alternate runs of `uswap
+//! bench codecs --codecs lzo-rle --folios 64k`, the 64 KiB p50 went from
+//! 54, 43 and 42 us to 39, 38 and 39 us.
 
 use super::compress::{MIN_ZERO_RUN, RLE_VERSION, VERSION_MARKER};
 use std::ptr;
@@ -210,7 +215,20 @@ impl Decoder<'_> {
             return Err(LzoError::OutputOverrun);
         }
         let start = self.op - distance;
-        if distance >= 8 && len + SLOP <= self.output_left() {
+        if distance >= 16 && len + SLOP <= self.output_left() {
+            let base = self.dst.as_mut_ptr();
+            let mut done = 0;
+            while done < len {
+                // SAFETY: as below, with 16-byte words: both end before
+                // `op + len + SLOP`, and the read ends at `start + done + 16
+                // <= op + done` (`distance >= 16`).
+                unsafe {
+                    let word = ptr::read_unaligned(base.add(start + done) as *const u128);
+                    ptr::write_unaligned(base.add(self.op + done) as *mut u128, word);
+                }
+                done += 16;
+            }
+        } else if distance >= 8 && len + SLOP <= self.output_left() {
             let base = self.dst.as_mut_ptr();
             let mut done = 0;
             while done < len {
