@@ -813,11 +813,8 @@ fn read_and_serve(
 /// and the gate is not to be had (see [`read_and_serve`]).
 fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
     let spaces = shared.spaces.read().expect("spaces lock");
-    if spaces.len() > pollfds.capacity() {
-        let Ok(_gate) = shared.gate.try_read() else {
-            return false;
-        };
-        pollfds.reserve(spaces.len());
+    if room_in_poll_list(shared, pollfds, spaces.len()) < spaces.len() {
+        return false;
     }
     // Looked at only: a hold is ended by the role's holder alone.
     let held = fill_poll_list(pollfds, &spaces, |s| {
@@ -837,9 +834,25 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
     held
 }
 
+/// Makes room in `pollfds` for `spaces` entries where it may, and returns
+/// how many fit. Growing allocates, and an allocation may wait for malloc's
+/// locks, which a thread of this process that forks holds until the role's
+/// holder has read its fork's event: only the gate's read side (whose write
+/// side that fork's prepare handler holds meanwhile) makes it safe.
+fn room_in_poll_list(shared: &Shared, pollfds: &mut Vec<libc::pollfd>, spaces: usize) -> usize {
+    if spaces > pollfds.capacity() {
+        if let Ok(_gate) = shared.gate.try_read() {
+            pollfds.clear();
+            pollfds.reserve(spaces);
+        }
+    }
+    spaces.min(pollfds.capacity())
+}
+
 /// Fills `pollfds` with one entry per space of `spaces`, those `held` says
 /// are held left out (their pending events would wake the poll at once);
-/// returns whether any was. Grows `pollfds` only past its capacity.
+/// returns whether any was. Callers make room first
+/// ([`room_in_poll_list`]), so that it never grows `pollfds`.
 fn fill_poll_list(
     pollfds: &mut Vec<libc::pollfd>,
     spaces: &[Arc<Space>],
@@ -888,10 +901,14 @@ impl EventThread<'_> {
             let unsettled = spaces
                 .iter()
                 .any(|s| s.has_unsettled_drops.load(Ordering::Acquire));
+            // Spaces attached since the list last grew may not fit while a
+            // fork is in flight: they are left out of this poll (which only
+            // decides whether to wait), and `read_pending` reads them all.
+            let fit = room_in_poll_list(shared, pollfds, spaces.len());
             // A held space is left out, and looked at again at once: the
             // hold ends when the reclaimer's call returns, which yielding
             // lets it do.
-            let held = fill_poll_list(pollfds, &spaces, |s| events_held(shared, s));
+            let held = fill_poll_list(pollfds, &spaces[..fit], |s| events_held(shared, s));
             drop(spaces);
             // Not while the fillers work: the CPU is theirs.
             let spinning = self.last_event.elapsed() < shared.config.event_spin
