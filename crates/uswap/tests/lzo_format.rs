@@ -171,21 +171,25 @@ fn the_stream_depends_on_the_input_alone() {
     }
 }
 
+/// Up to 12 runs, each of random bytes (fewer than `random`), of zeros, or
+/// of one repeated byte, end to end.
+fn mixed_runs(random: usize) -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..random),
+            (0usize..3000).prop_map(|n| vec![0u8; n]),
+            (any::<u8>(), 0usize..600).prop_map(|(b, n)| vec![b; n]),
+        ],
+        0..12,
+    )
+    .prop_map(|runs| runs.concat())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
     #[test]
-    fn arbitrary_inputs_roundtrip(
-        chunks in proptest::collection::vec(
-            prop_oneof![
-                proptest::collection::vec(any::<u8>(), 0..64),
-                (0usize..3000).prop_map(|n| vec![0u8; n]),
-                (any::<u8>(), 0usize..600).prop_map(|(b, n)| vec![b; n]),
-            ],
-            0..12,
-        )
-    ) {
-        let data: Vec<u8> = chunks.concat();
+    fn arbitrary_inputs_roundtrip(data in mixed_runs(64)) {
         for version in [Version::Lzo1x, Version::Rle] {
             let stream = ours(&data, version);
             let mut out = vec![0u8; data.len()];
@@ -204,17 +208,9 @@ proptest! {
     /// panic, and the stream's own length must be enough, byte for byte.
     #[test]
     fn a_capacity_short_of_the_stream_is_declined(
-        chunks in proptest::collection::vec(
-            prop_oneof![
-                proptest::collection::vec(any::<u8>(), 0..300),
-                (0usize..3000).prop_map(|n| vec![0u8; n]),
-                (any::<u8>(), 0usize..600).prop_map(|(b, n)| vec![b; n]),
-            ],
-            0..12,
-        ),
+        data in mixed_runs(300),
         cut in any::<prop::sample::Index>(),
     ) {
-        let data: Vec<u8> = chunks.concat();
         let mut table = LzoTable::new();
         for version in [Version::Lzo1x, Version::Rle] {
             let full = ours(&data, version);

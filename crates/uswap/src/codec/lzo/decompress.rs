@@ -216,34 +216,13 @@ impl Decoder<'_> {
         }
         let start = self.op - distance;
         if distance >= 16 && len + SLOP <= self.output_left() {
-            let base = self.dst.as_mut_ptr();
-            let mut done = 0;
-            while done < len {
-                // SAFETY: as below, with 16-byte words: both end before
-                // `op + len + SLOP`, and the read ends at `start + done + 16
-                // <= op + done` (`distance >= 16`).
-                unsafe {
-                    let word = ptr::read_unaligned(base.add(start + done) as *const u128);
-                    ptr::write_unaligned(base.add(self.op + done) as *mut u128, word);
-                }
-                done += 16;
-            }
+            // SAFETY: `start + 16 <= op` (`distance >= 16`), and `op + len +
+            // SLOP` is inside `dst` (checked above), SLOP being 16.
+            unsafe { copy_words::<u128>(self.dst, start, self.op, len) };
         } else if distance >= 8 && len + SLOP <= self.output_left() {
-            let base = self.dst.as_mut_ptr();
-            let mut done = 0;
-            while done < len {
-                // SAFETY: `done < len`, so the word read at `start + done`
-                // and the one written at `op + done` both end before
-                // `op + len + 8`, inside `dst` (checked above). The read
-                // ends at `start + done + 8 <= op + done`, where the write
-                // begins (`distance >= 8`), so it sees only bytes already
-                // final, and the two do not overlap.
-                unsafe {
-                    let word = ptr::read_unaligned(base.add(start + done) as *const u64);
-                    ptr::write_unaligned(base.add(self.op + done) as *mut u64, word);
-                }
-                done += 8;
-            }
+            // SAFETY: `start + 8 <= op`, and `op + len + SLOP` is inside
+            // `dst` (checked above).
+            unsafe { copy_words::<u64>(self.dst, start, self.op, len) };
         } else if distance == 1 {
             let b = self.dst[start];
             self.dst[self.op..self.op + len].fill(b);
@@ -259,6 +238,31 @@ impl Decoder<'_> {
         }
         self.op += len;
         Ok(())
+    }
+}
+
+/// Copies `len` bytes of `dst` from `from` to `to` in whole words of `W`:
+/// the last word may write up to `size_of::<W>() - 1` bytes past `to +
+/// len`, which later instructions write over.
+///
+/// # Safety
+/// `from + size_of::<W>() <= to` (each word read ends where the next write
+/// begins, so it reads only bytes already final and never overlaps the
+/// write), and `to + len + size_of::<W>() <= dst.len()`.
+unsafe fn copy_words<W: Copy>(dst: &mut [u8], from: usize, to: usize, len: usize) {
+    let step = std::mem::size_of::<W>();
+    debug_assert!(from + step <= to && to + len + step <= dst.len());
+    let base = dst.as_mut_ptr();
+    let mut done = 0;
+    while done < len {
+        // SAFETY: `done < len`, so both words end before `to + len + step`,
+        // inside `dst` (the caller's promise), and the read ends by `to +
+        // done`, where the write begins.
+        unsafe {
+            let word = ptr::read_unaligned(base.add(from + done) as *const W);
+            ptr::write_unaligned(base.add(to + done) as *mut W, word);
+        }
+        done += step;
     }
 }
 
