@@ -157,6 +157,58 @@ fn rle_and_far_matches_do_not_collide() {
 }
 
 #[test]
+fn an_m4_match_that_would_read_as_a_zero_run_is_shortened() {
+    // A block repeated 32831 bytes later (distance 16384 + 0x403f) and
+    // followed by three literals: the M4's distance bytes are then 0xff
+    // (its low six bits and the literal count all ones) and 0x00, and an
+    // extended length of 261..264 bytes has a last length byte of
+    // 0xfc..0xff, which lzo-rle reads as a zero run unless the match is cut
+    // to 260. The gap is one 4-byte pattern repeated: it encodes as one
+    // match, which adds nothing to the dictionary, so the block's first
+    // position is still there when the repeat comes.
+    let mut rng_state = 11u64;
+    let mut next = || {
+        rng_state = rng_state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng_state >> 33) as u8 | 1
+    };
+    let block: Vec<u8> = (0..300).map(|_| next()).collect();
+    for len in 261usize..=264 {
+        let mut data: Vec<u8> = block[..len].to_vec();
+        data.extend((len..32_831).map(|i| (i % 4) as u8 + 2));
+        data.extend_from_slice(&block[..len]);
+        data.extend_from_slice(&[0xe1, 0xe3, 0xe5]);
+        data.extend((0..64).map(|i| (i % 4) as u8 + 2));
+        let stream = ours(&data, Version::Rle);
+        let mut out = vec![0u8; data.len()];
+        decompress(&stream, &mut out).expect("decodes");
+        assert!(out == data, "len {len}");
+    }
+}
+
+/// Past 64 KiB the dictionary's 16-bit positions wrap; 2 MiB folios are
+/// compressed whole.
+#[test]
+fn a_two_mib_input_roundtrips() {
+    let pages: Vec<u8> = samples().concat();
+    let mut data: Vec<u8> = pages.iter().cycle().take(1 << 20).copied().collect();
+    data.extend((0..(1u64 << 17)).flat_map(|i| (i * 7).to_le_bytes()));
+    assert_eq!(data.len(), 2 << 20);
+    for version in [Version::Lzo1x, Version::Rle] {
+        let stream = ours(&data, version);
+        let mut out = vec![0u8; data.len()];
+        decompress(&stream, &mut out).expect("decodes");
+        assert!(out == data, "{version:?}");
+        assert!(
+            stream.len() < data.len() / 2,
+            "{version:?}: {}",
+            stream.len()
+        );
+    }
+}
+
+#[test]
 fn the_stream_depends_on_the_input_alone() {
     // One table for every call, as the codec keeps one per thread: what an
     // earlier input left in it must not show in the next stream.

@@ -187,17 +187,22 @@ impl Decoder<'_> {
         // second form, `op + len + 4 <= op + 12`, both inside `dst` (16 bytes
         // left). Bytes written past `op + len + next` are written over by
         // the instructions that follow, as in `literals`.
+        // The words are taken little-endian, so that the first bytes in
+        // memory are the low ones on any machine.
         unsafe {
-            let matched = ptr::read_unaligned(base.add(self.op - distance) as *const u64);
-            let literals = ptr::read_unaligned(self.src.as_ptr().add(self.ip) as *const u32);
+            let at = base.add(self.op - distance) as *const u64;
+            let matched = u64::from_le(ptr::read_unaligned(at));
+            let at = self.src.as_ptr().add(self.ip) as *const u32;
+            let literals = u32::from_le(ptr::read_unaligned(at));
+            let to = base.add(self.op);
             if len + next <= 8 {
                 let keep = u64::MAX >> (64 - 8 * len);
                 // Two shifts: one of 64 bits (len 8) would overflow.
                 let after = ((literals as u64) << (4 * len)) << (4 * len);
-                ptr::write_unaligned(base.add(self.op) as *mut u64, (matched & keep) | after);
+                ptr::write_unaligned(to as *mut u64, ((matched & keep) | after).to_le());
             } else {
-                ptr::write_unaligned(base.add(self.op) as *mut u64, matched);
-                ptr::write_unaligned(base.add(self.op + len) as *mut u32, literals);
+                ptr::write_unaligned(to as *mut u64, matched.to_le());
+                ptr::write_unaligned(to.add(len) as *mut u32, literals.to_le());
             }
         }
         self.op += len + next;
