@@ -129,17 +129,22 @@ fn long_zero_runs_use_few_bytes_in_lzo_rle() {
     }
 }
 
+/// A repeatable stream of pseudo-random bytes (a 64-bit LCG's high bits).
+fn random_bytes(seed: u64) -> impl FnMut() -> u8 {
+    let mut state = seed;
+    move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u8
+    }
+}
+
 #[test]
 fn rle_and_far_matches_do_not_collide() {
     // Data with repeats more than 16 KiB back (M4 matches) of lengths near
     // 261..264, mixed with zero runs.
-    let mut rng_state = 7u64;
-    let mut next = || {
-        rng_state = rng_state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (rng_state >> 33) as u8
-    };
+    let mut next = random_bytes(7);
     let block: Vec<u8> = (0..300).map(|_| next()).collect();
     for gap in [16_000usize, 16_400, 32_700, 32_800, 49_000] {
         for len in [260usize, 261, 262, 263, 264, 265] {
@@ -166,13 +171,8 @@ fn an_m4_match_that_would_read_as_a_zero_run_is_shortened() {
     // to 260. The gap is one 4-byte pattern repeated: it encodes as one
     // match, which adds nothing to the dictionary, so the block's first
     // position is still there when the repeat comes.
-    let mut rng_state = 11u64;
-    let mut next = || {
-        rng_state = rng_state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (rng_state >> 33) as u8 | 1
-    };
+    let mut random = random_bytes(11);
+    let mut next = || random() | 1;
     let block: Vec<u8> = (0..300).map(|_| next()).collect();
     for len in 261usize..=264 {
         let mut data: Vec<u8> = block[..len].to_vec();
