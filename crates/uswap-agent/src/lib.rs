@@ -69,6 +69,9 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+
+mod maps;
+mod mremap;
 use uswap_protocol::{
     wire, Dropped, Hello, MovedOut, Request, Verdict, AGENT_THREAD_NAME_C, DISCARD_RANGES, PACKET,
     SOCKET_ENV_C,
@@ -536,10 +539,6 @@ fn drop_in_place(start: usize, len: usize) -> i32 {
     }
 }
 
-/// `_IOWR('f', 17, struct procmap_query)` (Linux 6.11), the struct being
-/// 13 words.
-const PROCMAP_QUERY: libc::c_ulong = (3 << 30) | (104 << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
-
 /// Page map bits: the page is in memory; it is write-protected through
 /// userfaultfd.
 const PM_PRESENT: u64 = 1 << 63;
@@ -547,7 +546,7 @@ const PM_UFFD_WP: u64 = 1 << 57;
 
 /// Whether a page of `start..start + len` is in memory without the
 /// userfaultfd write protection, by `/proc/self/pagemap` (read into the
-/// agent's stack; opened each time, as `within_one_mapping` says why).
+/// agent's stack; opened each time, for the reason `maps` gives).
 fn unprotected_page_in(start: usize, len: usize) -> Result<bool, i32> {
     // SAFETY: opening a proc file by a NUL-terminated path.
     let fd = unsafe {
@@ -593,37 +592,17 @@ fn unprotected_page_in(start: usize, len: usize) -> Result<bool, i32> {
 }
 
 /// Whether one mapping covers `start..start + len`; true where the kernel
-/// cannot say (before 6.11). The supervisor drops one mapping at a time:
+/// cannot say (before 6.11, or no listing to ask). The supervisor drops one mapping at a time:
 /// the program splitting it meanwhile (an mprotect of part of it) makes
 /// the drop raise one event per piece, which the supervisor can take for
 /// the program's own drops when the split is undone before it reads them.
-/// Opened each time: a forked child's agent would read its parent's.
 fn within_one_mapping(start: usize, len: usize) -> bool {
-    // SAFETY: opening a proc file by a NUL-terminated path.
-    let fd = unsafe {
-        libc::open(
-            c"/proc/self/maps".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return true;
+    match maps::Maps::open().map(|maps| maps.at(start, false)) {
+        Ok(Ok(Some(m))) => m.end >= start + len,
+        Ok(Ok(None)) => false,
+        // An older kernel, or no listing to ask.
+        Ok(Err(_)) | Err(_) => true,
     }
-    // size, flags (0: the mapping covering the address), address, then
-    // what the kernel fills in: start (3), end (4), and the rest unasked.
-    let mut q = [0u64; 13];
-    q[0] = 104;
-    q[2] = start as u64;
-    // SAFETY: the request's struct is `q`, of the size it says, naming no
-    // other memory (no name or build id buffers).
-    let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, q.as_mut_ptr()) };
-    let e = errno();
-    close(fd);
-    if r != 0 {
-        // No mapping covers the start; any other answer: an older kernel.
-        return e != libc::ENOENT;
-    }
-    q[3] <= start as u64 && q[4] >= (start + len) as u64
 }
 
 fn start(name: &[u8]) -> Result<(), &'static str> {

@@ -731,7 +731,11 @@ fn a_program_that_churns_its_memory_layout_reads_back_what_it_wrote() {
 /// start or end on a folio boundary, after its pages went out
 /// (`programs/remap.c`). The kernel refuses (EFAULT) an mremap over a
 /// mapping that is only partly registered with a userfaultfd, which is
-/// what a scan that registered its whole folios alone left.
+/// what a scan that registered its whole folios alone left. On Linux 6.17
+/// and later it also moves the mapping split in three by an mprotect, and
+/// with a mapping made just before after its end, in one call each: the
+/// kernel refuses both where a mapping is registered, and the agent makes
+/// them one mapping at a time.
 #[test]
 fn a_program_that_moves_a_mapping_with_parts_of_folios_at_its_ends_reads_back_what_it_wrote() {
     let exe = build("remap");

@@ -11,14 +11,23 @@
  * it in place or by a move (MREMAP_MAYMOVE), checking every word after
  * each step.
  *
+ * On Linux 6.17 and later, which move a range of several mappings in one
+ * call, it also moves the mapping whole twice more: once split in three
+ * by an mprotect of one page inside it, and once with a mapping made just
+ * before right after its end (which a scan has not registered yet). The
+ * kernel refuses both (EFAULT) where any of the mappings is registered
+ * with a userfaultfd; the program alone sees them succeed.
+ *
  *   remap [BALLAST_MIB]
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -78,6 +87,26 @@ static char *reserve(size_t len, size_t offset) {
     return (char *)at;
 }
 
+/* Whether the kernel is MAJOR.MINOR or later. */
+static int kernel_at_least(int major, int minor) {
+    struct utsname u;
+    int a = 0, b = 0;
+    if (uname(&u) || sscanf(u.release, "%d.%d", &a, &b) != 2) return 0;
+    return a > major || (a == major && b >= minor);
+}
+
+/* Moves `len` bytes at `m` whole to a fresh range 4 KiB past a 64 KiB
+ * boundary (several mappings at once where `m` spans them). */
+static uint64_t *move_whole(uint64_t *m, size_t len, const char *what) {
+    char *to = reserve(len, 4 * K);
+    void *r = mremap(m, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+    if (r == MAP_FAILED) {
+        printf("remap: mremap (%s): %s\n", what, strerror(errno));
+        exit(2);
+    }
+    return r;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     size_t ballast = (argc > 1 ? strtoul(argv[1], NULL, 0) : 32) << 20;
@@ -101,10 +130,31 @@ int main(int argc, char **argv) {
     if (check(m, words, 1, "before the moves")) return 1;
 
     /* Moved whole to another address, also 4 KiB past a boundary. */
-    char *to = reserve(len, 4 * K);
-    m = mremap(m, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
-    if (m == MAP_FAILED) { perror("remap: mremap (move)"); return 2; }
+    m = move_whole(m, len, "a move");
     if (check(m, words, 1, "after a move")) return 1;
+
+    if (kernel_at_least(6, 17)) {
+        /* Split in three (one page inside made read-only), pushed out,
+         * moved whole, then made one mapping again. */
+        char *page = (char *)m + 8 * ALIGN;
+        if (mprotect(page, 4 * K, PROT_READ)) { perror("remap: mprotect"); return 2; }
+        memset(b, 0x69, ballast);
+        m = move_whole(m, len, "a move of three mappings");
+        if (check(m, words, 1, "after a move of three mappings")) return 1;
+        page = (char *)m + 8 * ALIGN;
+        if (mprotect(page, 4 * K, PROT_READ | PROT_WRITE)) { perror("remap: mprotect"); return 2; }
+
+        /* A mapping made right after its end (over the rest of the
+         * reservation, which leaves room for it), moved with it at once. */
+        uint64_t *tail = mmap((char *)m + len, ALIGN, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if (tail == MAP_FAILED) { perror("remap: mmap (tail)"); return 2; }
+        fill(tail, ALIGN / 8, 3);
+        m = move_whole(m, len + ALIGN, "a move with a new mapping");
+        if (check(m, words, 1, "after a move with a new mapping")) return 1;
+        if (check(m + words, ALIGN / 8, 3, "the new mapping after the move")) return 1;
+        if (munmap((char *)m + len, ALIGN)) { perror("remap: munmap"); return 2; }
+    }
 
     /* Pushed out again, then grown by half (in place or by a move, as the
      * kernel finds room). */

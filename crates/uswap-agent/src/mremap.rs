@@ -1,0 +1,149 @@
+//! `mremap`, as the program calls it: the agent is preloaded, so the
+//! program's calls through its C library reach this one first.
+//!
+//! Why: Linux 6.17 and later move a range that spans several mappings in
+//! one call when it is a pure move (`MREMAP_FIXED`, same length), mapping
+//! by mapping, the gaps between them kept. But they refuse it (EFAULT)
+//! where any of those mappings is registered with a userfaultfd, which
+//! under uswap most of the program's memory is; and uswap itself splits
+//! what would be one mapping alone (memory mapped next to managed memory
+//! stays a mapping of its own until the supervisor's next scan registers
+//! it). So a move the program alone makes fails under uswap.
+//!
+//! What: such a move, where every mapping in the range is private and
+//! anonymous (the kind the kernel moves several of; uswap manages no
+//! other), is made here one mapping at a time, as the kernel would make
+//! it: each piece to the same offset from the destination, a gap at the
+//! start refused (the kernel's EFAULT), a failure part way returned with
+//! the pieces before it moved (the kernel leaves those too). Each piece
+//! lies in one mapping, a move the kernel makes registered or not (it
+//! tells the supervisor with a REMAP event). Every other call goes to the
+//! kernel unchanged, as do all calls on a kernel without the mappings
+//! query (before 6.11, where the kernel moves one mapping only anyway).
+//!
+//! Unlike the kernel's, the pieces are not moved under one lock: another
+//! thread of the program that maps or unmaps inside the range meanwhile
+//! races with itself either way.
+//!
+//! The C declaration is variadic (`new_address` only read with
+//! `MREMAP_FIXED` or `MREMAP_DONTUNMAP`). On x86-64 and AArch64 Linux the
+//! first variadic argument of integer class travels in the register a
+//! fifth fixed one does, so the definition below, with five fixed
+//! arguments, reads what the caller passed.
+
+use crate::maps::Maps;
+use std::sync::atomic::Ordering;
+
+/// See the module docs.
+///
+/// # Safety
+///
+/// As `mremap(2)`: the program answers for what the move does to its own
+/// memory; this function reads none of it.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old_address: *mut libc::c_void,
+    old_size: libc::size_t,
+    new_size: libc::size_t,
+    flags: libc::c_int,
+    new_address: *mut libc::c_void,
+) -> *mut libc::c_void {
+    let to = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 {
+        new_address as usize
+    } else {
+        0
+    };
+    let (from, len) = (old_address as usize, old_size);
+    let managed = crate::MANAGED.load(Ordering::Relaxed);
+    if managed && flags & libc::MREMAP_FIXED != 0 && page_up(old_size) == page_up(new_size) {
+        if let Some(done) = move_mappings(from, page_up(len), flags, to) {
+            return match done {
+                Ok(at) => at as *mut libc::c_void,
+                Err(e) => {
+                    // SAFETY: errno is this thread's own.
+                    unsafe { *libc::__errno_location() = e };
+                    libc::MAP_FAILED
+                }
+            };
+        }
+    }
+    // SAFETY: the program's own call, passed on as it made it.
+    unsafe { raw_mremap(from, old_size, new_size, flags, to) as *mut _ }
+}
+
+/// The system call itself: the address, or -1 with errno set.
+///
+/// # Safety
+///
+/// As `mremap(2)`: whatever lies in the ranges named is moved or unmapped.
+unsafe fn raw_mremap(from: usize, old: usize, new: usize, flags: i32, to: usize) -> libc::c_long {
+    // Every argument travels as a whole word (the flags sign-extended, as
+    // the C library passes them): a variadic `int` leaves the register's
+    // upper half undefined, and the kernel reads all of it.
+    // SAFETY: as this function's contract.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mremap,
+            from as libc::c_ulong,
+            old as libc::c_ulong,
+            new as libc::c_ulong,
+            flags as libc::c_long,
+            to as libc::c_ulong,
+        )
+    }
+}
+
+fn page_up(n: usize) -> usize {
+    n.saturating_add(crate::PAGE - 1) & !(crate::PAGE - 1)
+}
+
+/// Moves `from..from + len` to `to` one mapping at a time where it spans
+/// several private anonymous ones (see the module docs): the destination
+/// or the errno. None: the kernel's own call gives the answer (one
+/// mapping, a gap at the start, a file among them, parameters it refuses,
+/// a kernel without the query).
+fn move_mappings(from: usize, len: usize, flags: i32, to: usize) -> Option<Result<usize, i32>> {
+    let end = from.checked_add(len)?;
+    let aligned = from.is_multiple_of(crate::PAGE) && to.is_multiple_of(crate::PAGE);
+    if len == 0 || !aligned || (from < to.saturating_add(len) && to < end) {
+        return None;
+    }
+    let maps = Maps::open().ok()?;
+    let first = maps.at(from, false).ok()??;
+    if first.end >= end {
+        return None;
+    }
+    let mut at = from;
+    while at < end {
+        match maps.at(at, true) {
+            Ok(Some(m)) if m.start < end => {
+                if !m.anonymous {
+                    return None;
+                }
+                at = m.end;
+            }
+            Ok(_) => break,
+            Err(_) => return None,
+        }
+    }
+    // Moved mapping by mapping, each found afresh: a move can merge what
+    // lies at the destination, never what lies ahead at the source.
+    let mut at = from;
+    while at < end {
+        let m = match maps.at(at, true) {
+            Ok(Some(m)) if m.start < end => m,
+            Ok(_) => break,
+            Err(e) => return Some(Err(e)),
+        };
+        let piece = m.start.max(at);
+        let piece_len = m.end.min(end) - piece;
+        // SAFETY: a move of the program's own memory that it asked for, in
+        // pieces; no memory of the agent is named.
+        let r = unsafe { raw_mremap(piece, piece_len, piece_len, flags, to + (piece - from)) };
+        if r == -1 {
+            return Some(Err(crate::errno()));
+        }
+        at = piece + piece_len;
+    }
+    Some(Ok(to))
+}
