@@ -1,8 +1,9 @@
 //! The program's mappings, one at a time, as the kernel lists them
-//! (`PROCMAP_QUERY` on `/proc/self/maps`, Linux 6.11), read with no
-//! allocation: the agent asks from its own thread and from the program's
-//! threads inside an intercepted call, where the program's malloc may be
-//! held.
+//! (`PROCMAP_QUERY`, Linux 6.11), read with no allocation: the agent asks
+//! from its own thread and from the program's threads inside an
+//! intercepted call, where the program's malloc may be held. The listing
+//! is `/proc/thread-self/maps`: `/proc/self` stops answering once the
+//! program's main thread has exited while others go on.
 //!
 //! The listing is opened for each use, never kept: a forked child would
 //! read its parent's through a descriptor opened before the fork.
@@ -25,7 +26,7 @@ pub(crate) struct Mapping {
     pub(crate) anonymous: bool,
 }
 
-/// `/proc/self/maps`, open.
+/// The listing, open.
 pub(crate) struct Maps(i32);
 
 impl Maps {
@@ -34,7 +35,7 @@ impl Maps {
         // SAFETY: opening a proc file by a NUL-terminated path.
         let fd = unsafe {
             libc::open(
-                c"/proc/self/maps".as_ptr(),
+                c"/proc/thread-self/maps".as_ptr(),
                 libc::O_RDONLY | libc::O_CLOEXEC,
             )
         };

@@ -10,29 +10,48 @@
 //! stays a mapping of its own until the supervisor's next scan registers
 //! it). So a move the program alone makes fails under uswap.
 //!
-//! What: such a move, where every mapping in the range is private and
-//! anonymous (the kind the kernel moves several of; uswap manages no
-//! other), is made here one mapping at a time, as the kernel would make
-//! it: each piece to the same offset from the destination, a gap at the
-//! start refused (the kernel's EFAULT), a failure part way returned with
-//! the pieces before it moved (the kernel leaves those too). Each piece
-//! lies in one mapping, a move the kernel makes registered or not (it
-//! tells the supervisor with a REMAP event). Every other call goes to the
-//! kernel unchanged, as do all calls on a kernel without the mappings
-//! query (before 6.11, where the kernel moves one mapping only anyway).
+//! What: on those kernels, such a move, where every mapping in the range
+//! is private and anonymous (the kind the kernel moves several of; uswap
+//! manages no other), is made here one mapping at a time, as the kernel
+//! would make it: each piece to the same offset from the destination, a
+//! gap at the start refused (the kernel's EFAULT), a failure part way
+//! returned with the pieces before it moved (the kernel leaves those too).
+//! Each piece lies in one mapping, a move the kernel makes registered or
+//! not (it tells the supervisor with a REMAP event). Every other call goes
+//! to the kernel unchanged, as do all calls of a program uswap does not
+//! serve and all calls on kernels before 6.17 (which refuse a move across
+//! mappings whatever is registered). A mapping the program registered
+//! with a userfaultfd of its own is moved with the rest, where the kernel
+//! alone would refuse the move.
 //!
 //! Unlike the kernel's, the pieces are not moved under one lock: another
 //! thread of the program that maps or unmaps inside the range meanwhile
-//! races with itself either way.
+//! races with itself either way. What the kernel checks of the whole range
+//! before it moves anything is checked here first, or the call is left to
+//! it (alignment, overlap, a destination past the lowest address-space
+//! limit). errno is left as it was on success, as the C library leaves it.
 //!
-//! The C declaration is variadic (`new_address` only read with
-//! `MREMAP_FIXED` or `MREMAP_DONTUNMAP`). On x86-64 and AArch64 Linux the
-//! first variadic argument of integer class travels in the register a
-//! fifth fixed one does, so the definition below, with five fixed
-//! arguments, reads what the caller passed.
+//! The C declaration is variadic (`new_address` read only with
+//! `MREMAP_FIXED` or `MREMAP_DONTUNMAP`, as glibc 2.40 reads it). On
+//! x86-64 and AArch64 Linux the first variadic argument of integer class
+//! travels in the register a fifth fixed one does, so the definition
+//! below, with five fixed arguments, reads what the caller passed; on
+//! other targets the agent does not define it.
 
 use crate::maps::Maps;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Whether the kernel moves several mappings in one call (6.17 and later):
+/// 0 not yet known, 1 no, 2 yes.
+static MOVES_SEVERAL: AtomicU8 = AtomicU8::new(0);
+
+/// Lowest end of the user address space on the targets below (47 bits on
+/// x86-64 with four-level page tables, 48 on AArch64): a destination
+/// ending past it is left to the kernel, which checks the whole range.
+#[cfg(target_arch = "x86_64")]
+const USER_END: usize = 0x7fff_ffff_f000;
+#[cfg(target_arch = "aarch64")]
+const USER_END: usize = 0xffff_ffff_f000;
 
 /// See the module docs.
 ///
@@ -40,6 +59,7 @@ use std::sync::atomic::Ordering;
 ///
 /// As `mremap(2)`: the program answers for what the move does to its own
 /// memory; this function reads none of it.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
 pub unsafe extern "C" fn mremap(
     old_address: *mut libc::c_void,
@@ -54,17 +74,20 @@ pub unsafe extern "C" fn mremap(
         0
     };
     let (from, len) = (old_address as usize, old_size);
-    let managed = crate::MANAGED.load(Ordering::Relaxed);
-    if managed && flags & libc::MREMAP_FIXED != 0 && page_up(old_size) == page_up(new_size) {
+    let pure_move = flags & libc::MREMAP_FIXED != 0 && page_up(old_size) == page_up(new_size);
+    if pure_move && crate::MANAGED.load(Ordering::Relaxed) && kernel_moves_several() {
+        // SAFETY: errno is this thread's own.
+        let errno = unsafe { libc::__errno_location() };
+        // SAFETY: as above.
+        let saved = unsafe { *errno };
         if let Some(done) = move_mappings(from, page_up(len), flags, to) {
-            return match done {
-                Ok(at) => at as *mut libc::c_void,
-                Err(e) => {
-                    // SAFETY: errno is this thread's own.
-                    unsafe { *libc::__errno_location() = e };
-                    libc::MAP_FAILED
-                }
+            let (at, e) = match done {
+                Ok(at) => (at as *mut libc::c_void, saved),
+                Err(e) => (libc::MAP_FAILED, e),
             };
+            // SAFETY: as above.
+            unsafe { *errno = e };
+            return at;
         }
     }
     // SAFETY: the program's own call, passed on as it made it.
@@ -93,6 +116,42 @@ unsafe fn raw_mremap(from: usize, old: usize, new: usize, flags: i32, to: usize)
     }
 }
 
+/// Whether the kernel is 6.17 or later (asked once).
+fn kernel_moves_several() -> bool {
+    match MOVES_SEVERAL.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let yes = kernel_at_least(6, 17);
+            MOVES_SEVERAL.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    // SAFETY: utsname is plain bytes; uname fills it in.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a utsname the call may write.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return false;
+    }
+    let mut parts = [0u32; 2];
+    let mut k = 0;
+    for &c in u.release.iter().take_while(|&&c| c != 0) {
+        match c as u8 {
+            d @ b'0'..=b'9' => {
+                parts[k] = parts[k]
+                    .saturating_mul(10)
+                    .saturating_add((d - b'0') as u32)
+            }
+            b'.' if k == 0 => k = 1,
+            _ => break,
+        }
+    }
+    (parts[0], parts[1]) >= (major, minor)
+}
+
 fn page_up(n: usize) -> usize {
     n.saturating_add(crate::PAGE - 1) & !(crate::PAGE - 1)
 }
@@ -104,8 +163,9 @@ fn page_up(n: usize) -> usize {
 /// a kernel without the query).
 fn move_mappings(from: usize, len: usize, flags: i32, to: usize) -> Option<Result<usize, i32>> {
     let end = from.checked_add(len)?;
+    let to_end = to.checked_add(len)?;
     let aligned = from.is_multiple_of(crate::PAGE) && to.is_multiple_of(crate::PAGE);
-    if len == 0 || !aligned || (from < to.saturating_add(len) && to < end) {
+    if len == 0 || !aligned || to_end > USER_END || (from < to_end && to < end) {
         return None;
     }
     let maps = Maps::open().ok()?;
@@ -133,7 +193,8 @@ fn move_mappings(from: usize, len: usize, flags: i32, to: usize) -> Option<Resul
         let m = match maps.at(at, true) {
             Ok(Some(m)) if m.start < end => m,
             Ok(_) => break,
-            Err(e) => return Some(Err(e)),
+            // The listing failing part way (not seen): the move cannot go on.
+            Err(_) => return Some(Err(libc::EFAULT)),
         };
         let piece = m.start.max(at);
         let piece_len = m.end.min(end) - piece;

@@ -136,6 +136,7 @@ int main(int argc, char **argv) {
     if (kernel_at_least(6, 17)) {
         /* Split in three (one page inside made read-only), pushed out,
          * moved whole, then made one mapping again. */
+        if (!registered((uintptr_t)m, (uintptr_t)m + len)) { printf("not managed after a move\n"); return 3; }
         char *page = (char *)m + 8 * ALIGN;
         if (mprotect(page, 4 * K, PROT_READ)) { perror("remap: mprotect"); return 2; }
         memset(b, 0x69, ballast);
