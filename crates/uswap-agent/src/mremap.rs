@@ -31,12 +31,14 @@
 //! it (alignment, overlap, a destination past the lowest address-space
 //! limit). errno is left as it was on success, as the C library leaves it.
 //!
-//! The C declaration is variadic (`new_address` read only with
-//! `MREMAP_FIXED` or `MREMAP_DONTUNMAP`, as glibc 2.40 reads it). On
-//! x86-64 and AArch64 Linux the first variadic argument of integer class
-//! travels in the register a fifth fixed one does, so the definition
-//! below, with five fixed arguments, reads what the caller passed; on
-//! other targets the agent does not define it.
+//! The C declaration is variadic. `new_address` is read only with
+//! `MREMAP_FIXED`, as glibc 2.36 reads it, and 0 passed otherwise: a
+//! caller that passes four arguments leaves the fifth register undefined,
+//! and with `MREMAP_DONTUNMAP` alone the address is only a hint. On x86-64
+//! and AArch64 Linux the first variadic argument of integer class travels
+//! in the register a fifth fixed one does, so the definition below, with
+//! five fixed arguments, reads what the caller passed; on other targets
+//! the agent does not define it.
 
 use crate::maps::Maps;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -68,7 +70,7 @@ pub unsafe extern "C" fn mremap(
     flags: libc::c_int,
     new_address: *mut libc::c_void,
 ) -> *mut libc::c_void {
-    let to = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 {
+    let to = if flags & libc::MREMAP_FIXED != 0 {
         new_address as usize
     } else {
         0
