@@ -138,20 +138,29 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
     if unsafe { libc::uname(&mut u) } != 0 {
         return false;
     }
+    let release = u.release.map(|c| c as u8);
+    release_at_least(&release, major, minor)
+}
+
+/// Whether a kernel release string (`6.17.0-rc1+`, NUL-terminated or not)
+/// names `major.minor` or later; false where it names no version.
+fn release_at_least(release: &[u8], major: u32, minor: u32) -> bool {
     let mut parts = [0u32; 2];
     let mut k = 0;
-    for &c in u.release.iter().take_while(|&&c| c != 0) {
-        match c as u8 {
-            d @ b'0'..=b'9' => {
+    let mut digits = 0;
+    for &c in release.iter().take_while(|&&c| c != 0) {
+        match c {
+            b'0'..=b'9' => {
+                digits += 1;
                 parts[k] = parts[k]
                     .saturating_mul(10)
-                    .saturating_add((d - b'0') as u32)
+                    .saturating_add((c - b'0') as u32)
             }
             b'.' if k == 0 => k = 1,
             _ => break,
         }
     }
-    (parts[0], parts[1]) >= (major, minor)
+    digits > 0 && (parts[0], parts[1]) >= (major, minor)
 }
 
 fn page_up(n: usize) -> usize {
@@ -209,4 +218,22 @@ fn move_mappings(from: usize, len: usize, flags: i32, to: usize) -> Option<Resul
         at = piece + piece_len;
     }
     Some(Ok(to))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_at_least;
+
+    #[test]
+    fn kernel_releases_are_read_by_major_then_minor() {
+        assert!(release_at_least(b"6.17.0-rc1+\0junk", 6, 17));
+        assert!(release_at_least(b"6.18.0", 6, 17));
+        assert!(release_at_least(b"7.0", 6, 17));
+        assert!(release_at_least(b"10.1.2", 6, 17));
+        assert!(!release_at_least(b"6.16.9", 6, 17));
+        assert!(!release_at_least(b"6.9.12", 6, 17));
+        assert!(!release_at_least(b"5.99", 6, 17));
+        assert!(!release_at_least(b"", 6, 17));
+        assert!(!release_at_least(b"linux", 0, 0));
+    }
 }
