@@ -759,6 +759,44 @@ fn a_program_that_moves_a_mapping_with_parts_of_folios_at_its_ends_reads_back_wh
     }
 }
 
+/// A process of the run stops (SIGSTOP) with its memory managed while
+/// another needs room (`programs/stopped.c`): the stopped one's folios are
+/// the oldest, and its agent cannot answer until it runs again, which the
+/// other lets it do only once its own memory is done. The supervisor asked
+/// the stopped agent and waited: the run hung.
+#[test]
+fn a_stopped_process_does_not_stall_reclaim_for_the_others() {
+    let exe = build("stopped");
+    let stats = exe.with_extension("stats");
+    let child = Command::new(USWAP)
+        .args([
+            "run",
+            "--memory-high",
+            "16M",
+            "--rescan-ms",
+            "5",
+            "--stats-file",
+        ])
+        .arg(&stats)
+        .arg("--")
+        .arg(&exe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_within(child, Duration::from_secs(120));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.ends_with("stopped ok\n"),
+        "{:?}: {stdout}{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let c = counters(&stats);
+    assert!(c["evicted_folios"] > 0, "{c:?}");
+    assert!(c["stopped_process_skips"] > 0, "{c:?}");
+}
+
 /// A program forks children while its memory goes out and exits at once,
 /// leaving them to read their copies (`programs/orphans.c`): every child
 /// reads what its parent wrote, and the run ends. Faults the children took

@@ -114,7 +114,27 @@ pub(crate) enum Memory {
         dropper: Box<dyn DropPages>,
         /// Stored pages may leave by a move (`RuntimeConfig::discard_by_move`).
         moves: bool,
+        /// When the process was last found stopped (see [`Memory::held`]).
+        stopped_at: std::sync::Mutex<Option<std::time::Instant>>,
     },
+}
+
+/// How long a process found stopped is taken as stopped before its state
+/// is read again.
+const STOPPED_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether process `pid` is stopped (SIGSTOP or job control: state T; a
+/// debugger's stop: t), by `/proc/PID/stat`. A process gone is not.
+fn is_stopped(pid: libc::pid_t) -> bool {
+    std::fs::read(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses and
+        // may hold any byte: it is the first letter after the last ')'.
+        let after = stat.iter().rposition(|&b| b == b')').map_or(0, |at| at + 1);
+        stat[after..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&state| state == b'T' || state == b't')
+    })
 }
 
 /// Pagemap entry bits: the page is in memory, or in the kernel's swap.
@@ -137,7 +157,41 @@ impl Memory {
             maps: Maps::open(format!("/proc/{pid}/maps")),
             dropper,
             moves,
+            stopped_at: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Whether the process is stopped now (SIGSTOP, job control, a
+    /// debugger), read afresh: its agent cannot move or drop pages until it
+    /// runs again, and a request made meanwhile would keep the reclaimer
+    /// waiting for the answer as long, every process's faults past the
+    /// limit with it. Remembered for [`Memory::held`]. The runtime's own
+    /// process is never stopped while it runs this.
+    pub fn stopped_now(&self) -> bool {
+        let Memory::Remote {
+            pid, stopped_at, ..
+        } = self
+        else {
+            return false;
+        };
+        let stopped = is_stopped(*pid);
+        *stopped_at.lock().expect("stopped lock") = stopped.then(std::time::Instant::now);
+        stopped
+    }
+
+    /// Whether the process was stopped when last looked at (by
+    /// [`Memory::stopped_now`]), looked at again once [`STOPPED_RECHECK`]
+    /// has passed: no read at all while it runs.
+    pub fn held(&self) -> bool {
+        let Memory::Remote { stopped_at, .. } = self else {
+            return false;
+        };
+        let since = *stopped_at.lock().expect("stopped lock");
+        match since {
+            None => false,
+            Some(at) if at.elapsed() < STOPPED_RECHECK => true,
+            Some(_) => self.stopped_now(),
+        }
     }
 
     /// The runtime's own memory, discarded through `scratch` where moves

@@ -307,7 +307,8 @@ fn flush_and_pace(
 
 /// Pops folios until one can be taken for eviction (state EVICTING). None
 /// once the queue is empty, or once every folio in it has been passed over
-/// because it is in its grace after a drop (`folio::DROPPED`).
+/// because it is in its grace after a drop (`folio::DROPPED`) or its
+/// process is stopped (`Memory::held`).
 fn next_victim(shared: &Shared) -> Option<Victim> {
     revisit_given_up(shared);
     let queued = shared.fifo.lock().expect("fifo lock").len();
@@ -337,6 +338,20 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         // An UNFIT folio leaves the queue; an entry of it is stale (the
         // folio was queued twice, and is parked again since).
         if state != RESIDENT && state != CLEAN || w & UNFIT != 0 {
+            continue;
+        }
+        // A stopped process's folios wait until it runs again: its agent
+        // could not take them out (see `move_out`).
+        if space.memory.get().is_some_and(Memory::held) {
+            shared
+                .counters
+                .stopped_process_skips
+                .fetch_add(1, Ordering::Relaxed);
+            shared.queue_for_reclaim(space.id, region.id, i);
+            passed_over += 1;
+            if passed_over > queued {
+                return None;
+            }
             continue;
         }
         if w & DROPPED != 0 {
@@ -787,16 +802,19 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             }
             tries = 0;
             if busy {
-                // A page shared with a forked child (or pinned): the rest
-                // of the run stays, as its finish decides (each folio keeps
-                // the copy of what left, or stays resident), and is tried
-                // again later. A drop would free nothing while the page is
+                // A page shared with a forked child (or pinned), or a
+                // stopped process (see `move_out`): the rest of the run
+                // stays, as its finish decides (each folio keeps the copy
+                // of what left, or stays resident), and is tried again
+                // later. A drop would free nothing while the page is
                 // shared, and its window could take memory the program maps
                 // meanwhile.
-                shared
-                    .counters
-                    .discard_refused_shared
-                    .fetch_add(((end - at) / PAGE_SIZE) as u64, Ordering::Relaxed);
+                if !memory.held() {
+                    shared
+                        .counters
+                        .discard_refused_shared
+                        .fetch_add(((end - at) / PAGE_SIZE) as u64, Ordering::Relaxed);
+                }
                 if !maybe_gone {
                     void(&mut results);
                 }
@@ -887,6 +905,14 @@ fn drop_in_place(
     start: usize,
     len: usize,
 ) -> InPlace {
+    if memory.stopped_now() {
+        // As for a move (see `move_out`): nothing asked, nothing dropped.
+        shared
+            .counters
+            .stopped_process_skips
+            .fetch_add(1, Ordering::Relaxed);
+        return InPlace::Changed;
+    }
     shared.begin_own_drop(space.id, start, len);
     #[cfg(feature = "fault-injection")]
     shared.drop_hold.stop_if_armed(|| true);
@@ -1466,6 +1492,19 @@ fn move_out(
             bytes: 0,
             again: true,
             shared: false,
+        }));
+    } else if memory.stopped_now() {
+        // Its agent would answer only once the process runs again: the
+        // runs stay in memory, as for a page that cannot leave, and its
+        // folios are passed over meanwhile (`next_victim`).
+        shared
+            .counters
+            .stopped_process_skips
+            .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        discarded.extend(ranges.iter().map(|_| Discarded {
+            bytes: 0,
+            again: false,
+            shared: true,
         }));
     } else {
         memory.discard_quietly(ranges, settled, &mut discarded);
