@@ -121,7 +121,7 @@ pub(crate) enum Memory {
 
 /// How long a process found stopped is taken as stopped before its state
 /// is read again.
-const STOPPED_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+pub(crate) const STOPPED_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Whether process `pid` is stopped (SIGSTOP or job control: state T; a
 /// debugger's stop: t), by `/proc/PID/stat`. A process gone is not.

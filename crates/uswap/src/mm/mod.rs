@@ -200,6 +200,12 @@ pub(crate) struct Shared {
     /// over, so that the memory they held is the first to go without
     /// another folio evicted in their place.
     pub given_up: Mutex<VecDeque<FolioRef>>,
+    /// Folios of processes found stopped (`Memory::held`), per address
+    /// space, out of the queue until their process runs again (looked at
+    /// every `memory::STOPPED_RECHECK`, see `reclaim::release_held_back`):
+    /// left in the queue, they would be walked past at every look for a
+    /// victim. Taken by the reclaimer alone, before `fifo` where both are.
+    pub held_back: Mutex<reclaim::HeldBack>,
     /// Workingset clock: folios evicted so far.
     pub evictions: AtomicU32,
     /// The runtime's clock starts here (see [`Shared::now_ms`]).
@@ -438,6 +444,7 @@ impl Runtime {
             memory_high: AtomicUsize::new(config.memory_high),
             fifo: Mutex::new(VecDeque::new()),
             given_up: Mutex::new(VecDeque::new()),
+            held_back: Mutex::new(reclaim::HeldBack::default()),
             evictions: AtomicU32::new(0),
             started_at: std::time::Instant::now(),
             reclaim_signal: (Mutex::new(false), Condvar::new()),

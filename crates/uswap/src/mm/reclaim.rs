@@ -53,13 +53,14 @@ use super::folio::{
     self, ACTIVE, CLEAN, DROPPED, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNFIT,
     UNTOUCHED,
 };
-use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN};
+use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN, STOPPED_RECHECK};
 use super::space::{RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
 use super::{FolioRef, Shared};
 use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::{SlotRange, StoreError};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -307,10 +308,11 @@ fn flush_and_pace(
 
 /// Pops folios until one can be taken for eviction (state EVICTING). None
 /// once the queue is empty, or once every folio in it has been passed over
-/// because it is in its grace after a drop (`folio::DROPPED`) or its
-/// process is stopped (`Memory::held`).
+/// because it is in its grace after a drop (`folio::DROPPED`). A folio of a
+/// process found stopped (`Memory::held`) is held back ([`HeldBack`]).
 fn next_victim(shared: &Shared) -> Option<Victim> {
     revisit_given_up(shared);
+    release_held_back(shared);
     let queued = shared.fifo.lock().expect("fifo lock").len();
     let mut passed_over = 0;
     loop {
@@ -338,20 +340,6 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         // An UNFIT folio leaves the queue; an entry of it is stale (the
         // folio was queued twice, and is parked again since).
         if state != RESIDENT && state != CLEAN || w & UNFIT != 0 {
-            continue;
-        }
-        // A stopped process's folios wait until it runs again: its agent
-        // could not take them out (see `move_out`).
-        if space.memory.get().is_some_and(Memory::held) {
-            shared
-                .counters
-                .stopped_process_skips
-                .fetch_add(1, Ordering::Relaxed);
-            shared.queue_for_reclaim(space.id, region.id, i);
-            passed_over += 1;
-            if passed_over > queued {
-                return None;
-            }
             continue;
         }
         if w & DROPPED != 0 {
@@ -382,6 +370,17 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
                     continue;
                 }
             }
+        }
+        // A stopped process's folios wait, out of the queue, until it runs
+        // again: its agent could not take them out (see `move_out`).
+        if space.memory.get().is_some_and(Memory::held) {
+            shared
+                .counters
+                .stopped_process_skips
+                .fetch_add(1, Ordering::Relaxed);
+            let mut held = shared.held_back.lock().expect("held back lock");
+            held.by_space.entry(space.id).or_default().push_back(next);
+            continue;
         }
         if w & ACTIVE != 0 {
             f.clear_flag(ACTIVE);
@@ -518,6 +517,48 @@ fn revisit_given_up(shared: &Shared) {
 /// The most folios given up whole that one look for a victim looks at
 /// again (each reads the page map).
 const REVISITS: usize = 16;
+
+/// Folios held back from the queue while their process is stopped, per
+/// address space (`Shared::held_back`).
+#[derive(Default)]
+pub(crate) struct HeldBack {
+    by_space: std::collections::HashMap<u32, VecDeque<FolioRef>>,
+    /// When the spaces were last looked at.
+    looked_at: Option<Instant>,
+}
+
+/// Puts the folios held back for a process that runs again back at the
+/// front of the queue, in their order (they were the oldest), and forgets
+/// those of a process gone; once per [`STOPPED_RECHECK`], one state read
+/// per stopped process.
+fn release_held_back(shared: &Shared) {
+    let mut held = shared.held_back.lock().expect("held back lock");
+    if held.by_space.is_empty()
+        || held
+            .looked_at
+            .is_some_and(|t| t.elapsed() < STOPPED_RECHECK)
+    {
+        return;
+    }
+    held.looked_at = Some(Instant::now());
+    let ids: Vec<u32> = held.by_space.keys().copied().collect();
+    for id in ids {
+        let space = shared.space(id);
+        if space
+            .as_ref()
+            .is_some_and(|s| s.memory.get().is_some_and(Memory::held))
+        {
+            continue;
+        }
+        let folios = held.by_space.remove(&id).unwrap_or_default();
+        if space.is_some() {
+            let mut fifo = shared.fifo.lock().expect("fifo lock");
+            for f in folios.into_iter().rev() {
+                fifo.push_front(f);
+            }
+        }
+    }
+}
 
 /// Runs of plug entries that are adjacent folios of one region: (first
 /// index into the plug, count).
