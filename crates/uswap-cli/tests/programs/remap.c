@@ -30,6 +30,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
+#include "managed.h"
 
 #define K 1024UL
 #define ALIGN (64 * K)
@@ -56,26 +57,6 @@ static int check(const uint64_t *w, size_t words, uint64_t salt, const char *whe
         }
     }
     return 0;
-}
-
-/* Whether any part of start..end shows as registered for missing faults. */
-static int registered(uintptr_t start, uintptr_t end) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) { perror("remap: /proc/self/smaps"); exit(2); }
-    char line[512];
-    uintptr_t lo = 0, hi = 0;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f)) {
-        unsigned long a, b;
-        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) {
-            lo = a;
-            hi = b;
-        } else if (!strncmp(line, "VmFlags:", 8) && lo < end && start < hi) {
-            found = strstr(line, " um") != NULL;
-        }
-    }
-    fclose(f);
-    return found;
 }
 
 /* A free range of `len` bytes whose start is `offset` past a 64 KiB

@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "managed.h"
 
 #define MIB (1024UL * 1024UL)
 
@@ -37,26 +38,6 @@ static int check(const uint64_t *m, size_t bytes, uint64_t salt) {
     for (size_t i = 0; i < bytes / 8; i++)
         if (m[i] != (i * 2654435761u ^ salt)) return 1;
     return 0;
-}
-
-/* Whether any part of start..end shows as registered for missing faults. */
-static int registered(uintptr_t start, uintptr_t end) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) { perror("stopped: /proc/self/smaps"); exit(2); }
-    char line[512];
-    uintptr_t lo = 0, hi = 0;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f)) {
-        unsigned long a, b;
-        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) {
-            lo = a;
-            hi = b;
-        } else if (!strncmp(line, "VmFlags:", 8) && lo < end && start < hi) {
-            found = strstr(line, " um") != NULL;
-        }
-    }
-    fclose(f);
-    return found;
 }
 
 int main(int argc, char **argv) {

@@ -107,13 +107,14 @@ counters! {
     /// or pinned: dropped, it would not be freed while the other process
     /// keeps it. The folios stay resident and are tried again later.
     discard_refused_shared,
-    /// Times the reclaimer left folios of a stopped process (SIGSTOP, job
-    /// control, a debugger) in memory: a folio passed over while its
-    /// process is stopped, or a run whose move or drop was not asked
-    /// because its process was found stopped right before. Its agent would
-    /// answer only once the process runs again, and reclaim for every
-    /// process would wait as long.
-    stopped_process_skips,
+    /// Folios held out of the reclaim queue because their process was
+    /// found stopped (SIGSTOP, job control, a debugger): its agent answers
+    /// only once the process runs again, and reclaim for every process
+    /// would wait as long. They go back to the queue's front when it runs.
+    stopped_folios_held,
+    /// Runs of an eviction whose move or drop was not asked because their
+    /// process was found stopped right before: they stay in memory.
+    stopped_runs_left,
     /// Times the reclaimer passed over a folio the program had dropped
     /// pages of, in its grace (`drop_grace`): the kernel may not have
     /// zapped them yet (`folio::DROPPED`).

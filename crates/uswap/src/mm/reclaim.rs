@@ -376,7 +376,7 @@ fn next_victim(shared: &Shared) -> Option<Victim> {
         if space.memory.get().is_some_and(Memory::held) {
             shared
                 .counters
-                .stopped_process_skips
+                .stopped_folios_held
                 .fetch_add(1, Ordering::Relaxed);
             let mut held = shared.held_back.lock().expect("held back lock");
             held.by_space.entry(space.id).or_default().push_back(next);
@@ -950,7 +950,7 @@ fn drop_in_place(
         // As for a move (see `move_out`): nothing asked, nothing dropped.
         shared
             .counters
-            .stopped_process_skips
+            .stopped_runs_left
             .fetch_add(1, Ordering::Relaxed);
         return InPlace::Changed;
     }
@@ -1540,7 +1540,7 @@ fn move_out(
         // folios are passed over meanwhile (`next_victim`).
         shared
             .counters
-            .stopped_process_skips
+            .stopped_runs_left
             .fetch_add(ranges.len() as u64, Ordering::Relaxed);
         discarded.extend(ranges.iter().map(|_| Discarded {
             bytes: 0,
