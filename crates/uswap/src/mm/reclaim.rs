@@ -1537,7 +1537,7 @@ fn move_out(
     } else if memory.stopped_now() {
         // Its agent would answer only once the process runs again: the
         // runs stay in memory, as for a page that cannot leave, and its
-        // folios are passed over meanwhile (`next_victim`).
+        // folios are held out of the queue meanwhile (`next_victim`).
         shared
             .counters
             .stopped_runs_left
