@@ -27,6 +27,6 @@ pub mod mm;
 pub mod page;
 pub mod size;
 pub mod swap;
-mod sys;
+pub mod sys;
 pub mod zpool;
 pub mod zswap;

@@ -1,6 +1,6 @@
 //! Raw system calls shared by more than one module: mapping fresh
-//! anonymous memory, asking whether a range of this process is mapped, and
-//! the CPUs a thread may run on.
+//! anonymous memory, asking whether a range of this process is mapped, the
+//! CPUs a thread may run on, and a process's state.
 
 use std::io;
 use std::ptr::NonNull;
@@ -79,4 +79,17 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) {
     // SAFETY: `set` is a valid cpu_set_t of the size given; the kernel
     // refuses an empty set or a thread that is not there.
     unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+}
+
+/// The state letter of process `pid` in `/proc/PID/stat` (R, S, D, T, t,
+/// Z, X, ...), or None where it is gone. The letter follows the command
+/// name, which is in parentheses and may hold any byte: it is the first
+/// letter after the last ')'.
+pub fn process_state(pid: i32) -> Option<u8> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.iter().rposition(|&b| b == b')')? + 1;
+    stat[after..]
+        .iter()
+        .copied()
+        .find(|b| !b.is_ascii_whitespace())
 }

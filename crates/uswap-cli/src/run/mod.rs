@@ -510,11 +510,7 @@ impl Supervisor {
 
 /// Whether process `pid` has exited (or is a zombie).
 fn is_gone(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-        s.rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X']))
-    })
+    uswap::sys::process_state(pid).is_none_or(|state| matches!(state, b'Z' | b'X'))
 }
 
 /// Reports a failed send to an agent, unless its process simply went away.

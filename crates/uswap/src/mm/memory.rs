@@ -124,17 +124,9 @@ pub(crate) enum Memory {
 pub(crate) const STOPPED_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Whether process `pid` is stopped (SIGSTOP or job control: state T; a
-/// debugger's stop: t), by `/proc/PID/stat`. A process gone is not.
+/// debugger's stop: t). A process gone is not.
 fn is_stopped(pid: libc::pid_t) -> bool {
-    std::fs::read(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // The state follows the command name, which is in parentheses and
-        // may hold any byte: it is the first letter after the last ')'.
-        let after = stat.iter().rposition(|&b| b == b')').map_or(0, |at| at + 1);
-        stat[after..]
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|&state| state == b'T' || state == b't')
-    })
+    matches!(crate::sys::process_state(pid), Some(b'T' | b't'))
 }
 
 /// Pagemap entry bits: the page is in memory, or in the kernel's swap.
