@@ -790,6 +790,36 @@ fn a_stopped_process_does_not_stall_reclaim_for_the_others() {
     assert!(c["stopped_runs_left"] < 64, "{c:?}");
 }
 
+/// A program marks memory MADV_WIPEONFORK and MADV_DONTFORK, lets it go
+/// out, and forks (`programs/forkadvice.c`): the child must read the first
+/// as zeros, as the kernel gives it, and new memory it maps where the
+/// second was (which the kernel does not give it) as zeros too, once
+/// managed. It read the parent's stored bytes in the first, and the second
+/// was taken for managed already, so new memory there never was.
+#[test]
+fn a_forked_child_gets_wiped_memory_empty_and_not_copied_memory_not_at_all() {
+    let exe = build("forkadvice");
+    for folio in ["64k", "4k"] {
+        let stats = exe.with_extension(format!("stats-{folio}"));
+        let out = run(Command::new(USWAP)
+            .args(["run", "--memory-high", "16M", "--rescan-ms", "5"])
+            .args(["--folio-size", folio, "--stats-file"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe));
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.ends_with("forkadvice ok\n"),
+            "{folio}: {:?}: {stdout}{}",
+            out.status,
+            text(&out.stderr)
+        );
+        let c = counters(&stats);
+        assert!(c["evicted_folios"] > 0, "{folio}: {c:?}");
+        assert_eq!(c["fork_advice_ranges"], 2, "{folio}: {c:?}");
+    }
+}
+
 /// A program forks children while its memory goes out and exits at once,
 /// leaving them to read their copies (`programs/orphans.c`): every child
 /// reads what its parent wrote, and the run ends. Faults the children took

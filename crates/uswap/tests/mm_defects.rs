@@ -189,6 +189,74 @@ fn a_child_that_exits_untouched_releases_its_references() {
     });
 }
 
+/// Found in review: memory marked MADV_WIPEONFORK, which the kernel gives a
+/// forked child empty, read in the child as the parent's stored bytes (as
+/// glibc's arc4random state would, repeating the parent's numbers). Now it
+/// reads as zero there, and memory marked MADV_DONTFORK, which the child
+/// does not have, takes none of the child's references; both cut folios in
+/// part. The parent reads all of its own, and every entry is freed once
+/// both are done.
+#[test]
+fn a_forked_child_gets_wiped_memory_empty_and_not_copied_memory_not_at_all() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let rt = runtime(MIB, FOLIO, 8, false);
+        let region = rt.map(6 * MIB).unwrap();
+        let base = region.as_ptr() as usize;
+        let wiped = (base + FOLIO + 3 * PAGE, base + 20 * FOLIO + 7 * PAGE);
+        let not_copied = (base + 30 * FOLIO + 5 * PAGE, base + 40 * FOLIO + 9 * PAGE);
+        for ((lo, hi), advice) in [
+            (wiped, libc::MADV_WIPEONFORK),
+            (not_copied, libc::MADV_DONTFORK),
+        ] {
+            // SAFETY: advice on part of our own region.
+            assert_eq!(unsafe { libc::madvise(lo as *mut _, hi - lo, advice) }, 0);
+        }
+        fill_and_evict(&rt, &region);
+        let words = Words::of(&region);
+        // SAFETY: the child only reads memory and leaves with _exit; it
+        // allocates nothing and takes no lock another thread may hold.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let mut bad = 0u64;
+            for i in 0..words.count {
+                let addr = base + i * 8;
+                if (not_copied.0..not_copied.1).contains(&addr) {
+                    continue;
+                }
+                let want = if (wiped.0..wiped.1).contains(&addr) {
+                    0
+                } else {
+                    expect(base, addr)
+                };
+                if words.read(i) != want {
+                    bad += 1;
+                }
+            }
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child saw wrong bytes (status {status:#x})"
+        );
+        let stats = rt.stats();
+        assert!(stats.evicted_folios > 0, "{stats:?}");
+        assert_eq!(stats.fork_advice_ranges, 2, "{stats:?}");
+        check_range(base, base, base + region.len(), "the parent");
+        assert!(
+            eventually(|| rt.stats().children == 0),
+            "the exited child was released"
+        );
+        drop(region);
+        rt.store().drain_slot_caches();
+        assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
+    });
+}
+
 /// Defect 2: a write into a hole (a page the program dropped) of a folio
 /// being evicted could land on a zero page the reclaimer installed without
 /// write protection, and then be dropped with the folio.

@@ -158,6 +158,10 @@ counters! {
     /// the dropped swapped pages, as it has those of the resident ones
     /// (one per fork, however many drops).
     forks_before_a_zap,
+    /// Ranges of managed memory a fork gave its child other than as they
+    /// were: empty (MADV_WIPEONFORK) or not at all (MADV_DONTFORK), which
+    /// the child's view then holds as zeros or as unmapped.
+    fork_advice_ranges,
     /// Served address spaces (forked children, attached processes) found
     /// gone (exit or exec) and released.
     children_exited,

@@ -39,6 +39,7 @@
 use super::folio::{
     self, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNTOUCHED, ZEROING,
 };
+use super::memory::ForkAdvice;
 use super::space::{AtDestination, Emptied, Extras, Owner, RegionInner, Space, UnsettledDrop};
 use super::uffd::{Partial, Uffd, UffdError};
 use super::Shared;
@@ -726,13 +727,27 @@ pub(crate) fn on_remap(
 /// The address space `parent` forked: the child's registered memory now
 /// faults on `child`. Builds the child's view of every region from the
 /// parent's at this moment (the fork has copied the page tables and waits
-/// for this event to be read).
+/// for this event to be read), then takes out of it what the kernel did
+/// not copy as it is ([`ForkAdvice`]).
 pub(crate) fn on_fork(
     shared: &Shared,
     parent: &Space,
     child: Uffd,
     follow_ups: &mut Vec<FollowUp>,
 ) -> Arc<Space> {
+    // Read from the parent's mappings as near the copy as may be. A child
+    // not evicted from has no reader of its mappings: what its own parent
+    // marked wiped is still marked so in it (its parent's not copied
+    // memory it does not have).
+    let advice = match parent.memory.get() {
+        Some(memory) => memory.fork_advice(),
+        None => parent.wiped_at_fork.get().map_or_else(Vec::new, |wiped| {
+            wiped
+                .iter()
+                .map(|&(lo, hi)| (lo, hi, ForkAdvice::Wipe))
+                .collect()
+        }),
+    };
     let space = Arc::new(Space::new(
         shared.next_space_id(),
         child,
@@ -840,8 +855,63 @@ pub(crate) fn on_fork(
             .fetch_add(1, Ordering::Relaxed);
     }
     *space.regions.write().expect("regions lock") = regions;
+    for &(lo, hi, advice) in &advice {
+        if space.overlapping(lo, hi).is_empty() {
+            continue;
+        }
+        shared
+            .counters
+            .fork_advice_ranges
+            .fetch_add(1, Ordering::Relaxed);
+        match advice {
+            ForkAdvice::DontCopy => on_unmap(shared, &space, lo, hi),
+            ForkAdvice::Wipe => wipe_in_child(shared, &space, lo, hi),
+        }
+    }
+    let wiped = advice.iter().filter(|a| a.2 == ForkAdvice::Wipe);
+    space
+        .wiped_at_fork
+        .set(wiped.map(|&(lo, hi, _)| (lo, hi)).collect())
+        .expect("a new space's wiped ranges are set once");
     shared.counters.forks.fetch_add(1, Ordering::Relaxed);
     space
+}
+
+/// The kernel gave forked child `space` the range `start..end` empty
+/// (MADV_WIPEONFORK in its parent): every page of it reads as zero there,
+/// as after a drop of the child's own whose zap is done, and no fork of
+/// the child can have been copied before that.
+fn wipe_in_child(shared: &Shared, space: &Space, start: usize, end: usize) {
+    space.event_at_destinations(start, end, AtDestination::Dropped);
+    for (region, i) in folios_in(space, start, end) {
+        let (lo, hi) = covered(&region, i, start, end);
+        let pages = region.pages_per_folio() as usize;
+        let f = &region.folios[i];
+        let w = f.load();
+        match folio::state(w) {
+            RESIDENT | POISONED if hi - lo == pages => {
+                space.take_extras(&region, i);
+                f.set(UNTOUCHED);
+            }
+            // Its pages missing in the child read as zero where touched
+            // (see `fault::serve`); a poisoned folio in part stays poisoned,
+            // a SIGBUS rather than wrong bytes.
+            RESIDENT | POISONED => {}
+            SWAPPED => {
+                space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
+                let x = space.extras_of(&region, i, f.load());
+                if x.holes().covers(pages) {
+                    space.take_extras(&region, i);
+                    f.set(x.all_holes_state());
+                    shared.store.invalidate(region.slots_of(w));
+                }
+            }
+            LOADING | INHERITING => {
+                space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi))
+            }
+            _ => {}
+        }
+    }
 }
 
 fn is_empty(x: &Extras) -> bool {

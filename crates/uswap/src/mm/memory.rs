@@ -204,6 +204,15 @@ impl Memory {
         }
     }
 
+    /// The process's mappings with fork advice, in address order; none
+    /// where its listing cannot be read (the process is gone).
+    pub fn fork_advice(&self) -> Vec<(usize, usize, ForkAdvice)> {
+        match File::open(format!("/proc/{}/smaps", self.pid())) {
+            Ok(smaps) => fork_advice_in(io::BufReader::new(smaps)),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// Copies the `remote` ranges into the `local` buffers; returns the
     /// bytes copied (an unmapped range ends the copy early: an error to
     /// handle, not a crash).
@@ -573,6 +582,48 @@ fn maps_line(line: &str) -> Option<(usize, usize, MappingKind)> {
     ))
 }
 
+/// What a process told the kernel (madvise) about handing a mapping to a
+/// forked child, where it said anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ForkAdvice {
+    /// MADV_WIPEONFORK (`wf` in the mapping's VmFlags): the child gets the
+    /// mapping empty; it reads as zero there. The mark stays on the
+    /// child's mapping, so the child's own children get it empty too.
+    Wipe,
+    /// MADV_DONTFORK (`dc`): the child has no mapping there at all.
+    DontCopy,
+}
+
+/// The mappings with fork advice in a /proc/PID/smaps listing, in its
+/// order. Only smaps shows the flags (PROCMAP_QUERY tells read, write,
+/// execute and shared only).
+fn fork_advice_in(mut smaps: impl io::BufRead) -> Vec<(usize, usize, ForkAdvice)> {
+    let mut out = Vec::new();
+    let mut mapping = None;
+    let mut line = String::new();
+    while matches!(smaps.read_line(&mut line), Ok(n) if n > 0) {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            let has = |flag| flags.split_whitespace().any(|f| f == flag);
+            // Not copied at all wins over copied empty (as in the kernel's
+            // fork).
+            let advice = if has("dc") {
+                Some(ForkAdvice::DontCopy)
+            } else if has("wf") {
+                Some(ForkAdvice::Wipe)
+            } else {
+                None
+            };
+            if let (Some((lo, hi)), Some(advice)) = (mapping.take(), advice) {
+                out.push((lo, hi, advice));
+            }
+        } else if let Some((lo, hi, _)) = maps_line(&line) {
+            mapping = Some((lo, hi));
+        }
+        line.clear();
+    }
+    out
+}
+
 /// Whether a page of `start..start + len` is in memory without the
 /// userfaultfd write protection.
 fn any_unprotected(pagemap: &File, start: usize, len: usize) -> io::Result<bool> {
@@ -656,6 +707,39 @@ mod tests {
         let want = [mask(&[]), mask(&[0]), mask(&[2, 12]), mask(&[1])];
         assert_eq!(memory.present_folios(base, FOLIO, 4), want);
         // SAFETY: what is left of the mapping made above.
+        unsafe { libc::munmap(base as *mut _, 4 * FOLIO) };
+    }
+
+    /// The kernel's own listing of this process: a mapping split in four
+    /// by advice shows each part with what it was told (and DONTFORK over
+    /// WIPEONFORK as not copied).
+    #[test]
+    fn fork_advice_reads_each_mapping_as_advised() {
+        let memory = Memory::own(None).unwrap();
+        let base = four_folios(&[]);
+        let advise = |folio: usize, count: usize, advice| {
+            // SAFETY: advice on part of the mapping made above.
+            let r =
+                unsafe { libc::madvise((base + folio * FOLIO) as *mut _, count * FOLIO, advice) };
+            assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        };
+        advise(0, 1, libc::MADV_WIPEONFORK);
+        advise(2, 2, libc::MADV_DONTFORK);
+        advise(3, 1, libc::MADV_WIPEONFORK);
+        let mine: Vec<_> = memory
+            .fork_advice()
+            .into_iter()
+            .filter(|&(lo, hi, _)| lo < base + 4 * FOLIO && base < hi)
+            .collect();
+        assert_eq!(
+            mine,
+            [
+                (base, base + FOLIO, ForkAdvice::Wipe),
+                (base + 2 * FOLIO, base + 3 * FOLIO, ForkAdvice::DontCopy),
+                (base + 3 * FOLIO, base + 4 * FOLIO, ForkAdvice::DontCopy),
+            ]
+        );
+        // SAFETY: the mapping made above.
         unsafe { libc::munmap(base as *mut _, 4 * FOLIO) };
     }
 }

@@ -404,6 +404,11 @@ pub(crate) struct Space {
     /// without the lock, for the fault path.
     pub unsettled_drops: Mutex<Vec<UnsettledDrop>>,
     pub has_unsettled_drops: AtomicBool,
+    /// For a forked child: the ranges the kernel gave it empty
+    /// (MADV_WIPEONFORK in its parent), which stay so marked in it. What a
+    /// fork of a child not evicted from (whose mappings the runtime cannot
+    /// read) takes for its advice (see `events::on_fork`).
+    pub wiped_at_fork: OnceLock<Vec<(usize, usize)>>,
 }
 
 impl Space {
@@ -431,6 +436,7 @@ impl Space {
             move_in_flight: AtomicBool::new(false),
             unsettled_drops: Mutex::new(Vec::new()),
             has_unsettled_drops: AtomicBool::new(false),
+            wiped_at_fork: OnceLock::new(),
         }
     }
 
