@@ -820,6 +820,30 @@ fn a_forked_child_gets_wiped_memory_empty_and_not_copied_memory_not_at_all() {
     }
 }
 
+/// A process of the run is killed while a child it forked with `_Fork`
+/// (no fork handlers: it keeps a copy of the agent's socket) sleeps on
+/// (`programs/rawfork.c`); another then needs room. The supervisor's
+/// reclaimer waited for the dead process's agent to answer, and the end of
+/// file never came while the child held the socket: the run (ten such
+/// processes killed one after another) hung in 4 of 8. The test runs it
+/// four times.
+#[test]
+fn a_process_killed_while_a_raw_forked_child_holds_its_socket_does_not_stall_reclaim() {
+    let exe = build("rawfork");
+    for round in 0..4 {
+        let out = run(Command::new(USWAP)
+            .args(["run", "--memory-high", "16M", "--rescan-ms", "5", "--"])
+            .arg(&exe));
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.ends_with("rawfork ok\n"),
+            "round {round}: {:?}: {stdout}{}",
+            out.status,
+            text(&out.stderr)
+        );
+    }
+}
+
 /// A program forks children while its memory goes out and exits at once,
 /// leaving them to read their copies (`programs/orphans.c`): every child
 /// reads what its parent wrote, and the run ends. Faults the children took

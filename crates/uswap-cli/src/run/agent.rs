@@ -208,7 +208,7 @@ impl AgentLink {
             return Err(self.lost());
         }
         // One request at a time (the lock is held): the answer is to it.
-        match recv(self.sock.as_raw_fd()) {
+        match self.answer() {
             Ok(Some((packet, _))) => match read(&packet) {
                 Some((answered, t)) if answered == *seq => Ok(t),
                 _ => Err(DropError::Failed(io::Error::other(
@@ -223,7 +223,50 @@ impl AgentLink {
     }
 }
 
+/// How often, in milliseconds, a wait for an agent's answer looks whether
+/// the agent's thread still runs (see [`AgentLink::answer`]).
+const ANSWER_LOOK_MS: i32 = 50;
+
 impl AgentLink {
+    /// Waits for the agent's next packet, as [`recv`] does, but not past
+    /// the agent thread's end. A process forked without the C library's
+    /// fork handlers (`_Fork`, a raw clone) keeps a copy of the agent's
+    /// socket, which the handlers would have closed: the agent's process
+    /// may die with a request unanswered, and the end of file its death
+    /// would bring never comes while that copy lives (the reclaimer, which
+    /// asks, then waited for ever, and every process with it).
+    fn answer(&self) -> io::Result<Option<([u8; PACKET], Option<OwnedFd>)>> {
+        let fd = self.sock.as_raw_fd();
+        let ready = |timeout_ms| {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, valid for the call.
+            let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                return (e.kind() != io::ErrorKind::Interrupted).then_some(Err(e));
+            }
+            (r > 0).then_some(Ok(()))
+        };
+        loop {
+            if let Some(r) = ready(ANSWER_LOOK_MS) {
+                r?;
+                return recv(fd);
+            }
+            // Looked at once more after the thread is found gone: it may
+            // have answered just before it ended.
+            if !agent_thread_runs(self.pid) {
+                return match ready(0) {
+                    Some(r) => r.and_then(|()| recv(fd)),
+                    None => Ok(None),
+                };
+            }
+        }
+    }
+
     /// The link broke with a drop perhaps under way: the process exited, or
     /// closed the agent's descriptors (a daemon, a child between fork and
     /// exec) while the agent thread may still be inside the madvise. Its
