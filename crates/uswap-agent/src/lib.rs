@@ -61,8 +61,10 @@
 //! supervisor with the child's pid), makes it unpopulated again for its own
 //! children, connects, and starts its own agent thread on its copy of the
 //! agent's stack. The supervisor sends it its descriptor, which it keeps
-//! for the same reason as above. An exec starts the agent afresh in the
-//! new image.
+//! for the same reason as above. In the parent, the fork handler touches
+//! the fence, the page after the beacon, and so waits until the supervisor
+//! has applied the fork (see `forked_parent`). An exec starts the agent
+//! afresh in the new image.
 
 #![deny(missing_docs)]
 
@@ -73,8 +75,8 @@ use std::sync::OnceLock;
 mod maps;
 mod mremap;
 use uswap_protocol::{
-    wire, Dropped, Hello, MovedOut, Request, Verdict, AGENT_THREAD_NAME_C, DISCARD_RANGES, PACKET,
-    SOCKET_ENV_C,
+    wire, Dropped, Hello, MovedOut, Request, Verdict, AGENT_THREAD_NAME_C, BEACON_PAGES,
+    DISCARD_RANGES, PACKET, SOCKET_ENV_C,
 };
 
 /// The connection to the supervisor (-1: none).
@@ -90,7 +92,7 @@ static SOCKET_INODE: AtomicU64 = AtomicU64::new(0);
 static UFFD_INODE: AtomicU64 = AtomicU64::new(0);
 /// The agent thread's stack (also a forked child's, at the same address).
 static STACK_BASE: AtomicUsize = AtomicUsize::new(0);
-/// The beacon page (see the module docs).
+/// The beacon page, with the fence after it (see the module docs).
 static BEACON: AtomicUsize = AtomicUsize::new(0);
 /// The supervisor's socket name, for forked children (no allocation there).
 static NAME: OnceLock<([u8; 108], usize)> = OnceLock::new();
@@ -612,7 +614,7 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
     }
     saved[..name.len()].copy_from_slice(name);
     let _first = NAME.set((saved, name.len())).is_ok();
-    let beacon = map(PAGE, 0);
+    let beacon = map(BEACON_PAGES * PAGE, 0);
     if beacon == libc::MAP_FAILED {
         return Err("cannot map the agent's beacon page");
     }
@@ -668,7 +670,7 @@ fn start(name: &[u8]) -> Result<(), &'static str> {
             STACK_BASE.store(stack as usize, Ordering::Release);
             BEACON.store(beacon as usize, Ordering::Release);
             // SAFETY: registering a plain function for forked children.
-            unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+            unsafe { libc::pthread_atfork(None, Some(forked_parent), Some(forked_child)) };
             if let Err(e) = start_thread(stack, FRESH) {
                 // Managed memory but nobody to drop its pages: the
                 // supervisor sees the socket close and lets go.
@@ -823,6 +825,28 @@ fn supervisor_gone() -> ! {
     unsafe {
         libc::kill(libc::getpid(), libc::SIGKILL);
         libc::_exit(137)
+    }
+}
+
+/// In the parent, once its fork has returned: waits until the supervisor
+/// has applied the fork's event. The kernel lets the forking thread go as
+/// soon as that event is read, and the supervisor then reads the parent's
+/// mappings for what the kernel did not copy as it was (MADV_WIPEONFORK,
+/// MADV_DONTFORK): a madvise, munmap or mremap the program makes right
+/// after its fork would otherwise be read as made before it, and the child
+/// would read zeros where it has its copy, or its parent's bytes where it
+/// has zeros. A touch of the fence is a fault read after the fork's event
+/// and served only once it is applied; the fence is then left unpopulated
+/// again, for the next fork and for children copied later.
+extern "C" fn forked_parent() {
+    if !MANAGED.load(Ordering::Acquire) {
+        return;
+    }
+    let fence = BEACON.load(Ordering::Acquire) + PAGE;
+    // SAFETY: the fence is the agent's own page, never handed out.
+    unsafe {
+        std::ptr::read_volatile(fence as *const u8);
+        libc::madvise(fence as *mut _, PAGE, libc::MADV_DONTNEED);
     }
 }
 

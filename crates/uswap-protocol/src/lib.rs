@@ -46,6 +46,12 @@ pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
 /// Marks a Hello, and the protocol's version.
 pub const MAGIC: u64 = 0x7573_7761_7005;
 
+/// Pages of the agent's at [`Hello::beacon`]: the beacon, then the fence,
+/// which the agent touches in the parent after each fork (the fault waits
+/// until the supervisor has applied the fork's event) and leaves
+/// unpopulated again.
+pub const BEACON_PAGES: usize = 2;
+
 /// The agent's first message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
@@ -60,7 +66,8 @@ pub struct Hello {
     /// End of the agent's own memory.
     pub own_end: u64,
     /// A page the agent never touches; a forked child touches its copy to
-    /// say which address space is its.
+    /// say which address space is its. The fence follows it (see
+    /// [`BEACON_PAGES`]).
     pub beacon: u64,
     /// Sent from a forked child (no descriptor comes with it).
     pub forked: bool,

@@ -79,22 +79,27 @@ struct Served {
     attached: Attached,
     /// The agent's own mappings, never managed: its thread's stack with its
     /// scratch (moved-out pages are dropped there), and its
-    /// beacon page (a fault there must reach the beacon check, not a
-    /// region; a mapping registered beside the beacon merges with it).
+    /// beacon and fence pages (a fault there must reach the beacon check or
+    /// the fence, not a region; a mapping registered beside them merges
+    /// with them).
     agent_memory: [(usize, usize); 2],
     /// Said already that the program uses userfaultfd itself.
     said_busy: AtomicBool,
 }
 
 /// The agent's own mappings, as its hello gives them: stack and scratch,
-/// and beacon.
+/// and beacon with fence.
 fn agent_memory(hello: &uswap_protocol::Hello) -> [(usize, usize); 2] {
     let beacon = hello.beacon as usize;
     [
         (hello.own_start as usize, hello.own_end as usize),
-        (beacon, beacon + uswap::page::PAGE_SIZE),
+        (beacon, beacon + uswap::mm::BEACON_SPAN),
     ]
 }
+
+// The agent maps what the runtime registers.
+const _: () =
+    assert!(uswap_protocol::BEACON_PAGES * uswap::page::PAGE_SIZE == uswap::mm::BEACON_SPAN);
 
 /// The agent link as the core's page dropper.
 struct Dropper(Arc<AgentLink>);

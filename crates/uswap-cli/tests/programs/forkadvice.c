@@ -10,7 +10,10 @@
  * child must read zeros in WIPE and the pattern in KEEP; where GONE was it
  * maps new memory (MAP_FIXED_NOREPLACE, so the hole is GONE's), waits until
  * that is managed, and must read zeros there too. After the child, the
- * parent must still read all three patterns.
+ * parent must still read all three patterns. Then, eight times, the
+ * program fills more than the limit again, forks, and marks KEEP with one
+ * advice or the other right after the fork: the child must read KEEP as
+ * it was copied.
  *
  *   forkadvice [REGION_MIB [FILL_MIB]]
  */
@@ -106,6 +109,31 @@ int main(int argc, char **argv) {
     bad |= report("the parent", "KEEP", wrong(keep, region, 0x33, 0));
     bad |= report("the parent", "the filler", wrong(more, filler, 0x34, 0));
     if (bad) return 1;
+
+    /* Advice given right after a fork is not the child's: it has KEEP as
+     * it was copied, whichever of the two the parent marks it with while
+     * the child reads it. */
+    for (int round = 0; round < 8; round++) {
+        int wipe_it = round % 2;
+        fill(more, filler, 0x40 + round);
+        pid = fork();
+        if (pid < 0) { perror("forkadvice: fork"); return 2; }
+        if (pid == 0) _exit(report("a child", "KEEP advised after its fork", wrong(keep, region, 0x33, 0)));
+        if (madvise(keep, region, wipe_it ? MADV_WIPEONFORK : MADV_DONTFORK)) {
+            perror("forkadvice: madvise");
+            return 2;
+        }
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+            printf("BAD: round %d (%s right after the fork)\n", round,
+                   wipe_it ? "MADV_WIPEONFORK" : "MADV_DONTFORK");
+            return 1;
+        }
+        if (madvise(keep, region, wipe_it ? MADV_KEEPONFORK : MADV_DOFORK)) {
+            perror("forkadvice: madvise");
+            return 2;
+        }
+    }
+    if (report("the parent", "KEEP", wrong(keep, region, 0x33, 0))) return 1;
     printf("forkadvice ok\n");
     return 0;
 }

@@ -25,6 +25,15 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// The bytes of an attached process's agent pages that `beacon` names in
+/// [`Runtime::attach`]: the beacon, then the fence, a page the process
+/// touches after each fork of its own and leaves unpopulated again. The
+/// fence's fault is read after the fork's event and served once that event
+/// is applied, so the forking thread goes on only then: what the event
+/// reads of the parent's mappings (see `events::on_fork`) is what the
+/// kernel copied, not what the thread changed right after.
+pub const BEACON_SPAN: usize = 2 * PAGE_SIZE;
+
 /// A process the runtime serves from outside (see [`Runtime::attach`]).
 pub struct Attached {
     shared: Arc<Shared>,
@@ -35,7 +44,8 @@ pub struct Attached {
 impl Runtime {
     /// Serves process `pid` through `uffd`, a userfaultfd it created (not
     /// yet negotiated), with `dropper` to drop its pages. `beacon`: a page
-    /// of the process that it never touches (see [`Runtime::adopt`]). For a
+    /// of the process that it never touches (see [`Runtime::adopt`]), and
+    /// its fence after it ([`BEACON_SPAN`] in all). For a
     /// supervisor: a process that does not itself fork while it serves.
     pub fn attach(
         &self,
@@ -52,7 +62,7 @@ impl Runtime {
             },
         )?;
         if let Some(page) = beacon {
-            uffd.register(page, PAGE_SIZE)
+            uffd.register(page, BEACON_SPAN)
                 .map_err(|e| io::Error::other(format!("registering the beacon page: {e}")))?;
         }
         let memory = Memory::remote(pid, dropper, shared.config.discard_by_move && uffd.moves())?;

@@ -859,14 +859,15 @@ pub(crate) fn on_fork(
         if space.overlapping(lo, hi).is_empty() {
             continue;
         }
+        match advice {
+            ForkAdvice::DontCopy if child_has_mapping(&space, lo) => continue,
+            ForkAdvice::DontCopy => on_unmap(shared, &space, lo, hi),
+            ForkAdvice::Wipe => wipe_in_child(shared, &space, lo, hi),
+        }
         shared
             .counters
             .fork_advice_ranges
             .fetch_add(1, Ordering::Relaxed);
-        match advice {
-            ForkAdvice::DontCopy => on_unmap(shared, &space, lo, hi),
-            ForkAdvice::Wipe => wipe_in_child(shared, &space, lo, hi),
-        }
     }
     let wiped = advice.iter().filter(|a| a.2 == ForkAdvice::Wipe);
     space
@@ -875,6 +876,20 @@ pub(crate) fn on_fork(
         .expect("a new space's wiped ranges are set once");
     shared.counters.forks.fetch_add(1, Ordering::Relaxed);
     space
+}
+
+/// Whether forked child `space` has its copy of the parent's mapping at
+/// `start` (one mapping of the parent's), which the parent's mappings, read
+/// after the kernel's copy, say it was not given (MADV_DONTFORK): the
+/// parent may have marked it since (its forking thread runs on once the
+/// fork's event is read), and memory the child has taken for unmapped would
+/// lose what it holds. The fork left the child's copies of registered
+/// mappings registered with the child's descriptor; memory the child has
+/// mapped there since is not, and is not the parent's. Where the kernel
+/// does not say, the child is taken to have it, as before such advice was
+/// read: its new memory there then goes unmanaged, and nothing is lost.
+fn child_has_mapping(space: &Space, start: usize) -> bool {
+    space.uffd.registered_anonymous(start) != Some(false)
 }
 
 /// The kernel gave forked child `space` the range `start..end` empty

@@ -14,7 +14,7 @@
 //!   The list of runtimes stays locked until the fork has returned, so a
 //!   runtime cannot start meanwhile unprepared;
 //! - parent: lower `fork_pending` and give the gate back; the event thread
-//!   applies what it read;
+//!   applies what it read, and the fork returns once it has;
 //! - child: the child is a copy with none of the runtime's threads: its
 //!   runtimes are marked, so that dropping them or their regions there
 //!   touches nothing, and its copies of their userfaultfds are replaced by
@@ -110,12 +110,27 @@ extern "C" fn parent() {
     let Some((one, all, prepared)) = PREPARED.with(|p| p.borrow_mut().take()) else {
         return;
     };
+    let mut runtimes = Vec::with_capacity(prepared.len());
     for (guard, shared) in prepared {
         shared.fork_pending.store(false, Ordering::SeqCst);
         drop(guard);
+        runtimes.push(shared);
     }
     drop(all);
     drop(one);
+    // The fork returns to the program only once each runtime has applied
+    // what its event thread read meanwhile, the fork's event among them:
+    // the event reads the parent's mappings for what the kernel did not
+    // copy as it was (`events::on_fork`), and a madvise, munmap or mremap
+    // the program made right after its fork would otherwise be read as
+    // made before it. The fork's event was read before the kernel let this
+    // thread go, and `unapplied` was raised before that read; an event
+    // thread that read nothing leaves it low.
+    for shared in runtimes {
+        while shared.unapplied.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+    }
 }
 
 extern "C" fn child() {

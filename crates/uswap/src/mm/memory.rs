@@ -600,8 +600,11 @@ pub(crate) enum ForkAdvice {
 fn fork_advice_in(mut smaps: impl io::BufRead) -> Vec<(usize, usize, ForkAdvice)> {
     let mut out = Vec::new();
     let mut mapping = None;
-    let mut line = String::new();
-    while matches!(smaps.read_line(&mut line), Ok(n) if n > 0) {
+    // Bytes, not text: a mapping's name (a file's, a memfd's) need not be
+    // UTF-8, and a line that is not would end a read of text there.
+    let mut raw = Vec::new();
+    while matches!(smaps.read_until(b'\n', &mut raw), Ok(n) if n > 0) {
+        let line = String::from_utf8_lossy(&raw);
         if let Some(flags) = line.strip_prefix("VmFlags:") {
             let has = |flag| flags.split_whitespace().any(|f| f == flag);
             // Not copied at all wins over copied empty (as in the kernel's
@@ -619,7 +622,7 @@ fn fork_advice_in(mut smaps: impl io::BufRead) -> Vec<(usize, usize, ForkAdvice)
         } else if let Some((lo, hi, _)) = maps_line(&line) {
             mapping = Some((lo, hi));
         }
-        line.clear();
+        raw.clear();
     }
     out
 }
@@ -708,6 +711,22 @@ mod tests {
         assert_eq!(memory.present_folios(base, FOLIO, 4), want);
         // SAFETY: what is left of the mapping made above.
         unsafe { libc::munmap(base as *mut _, 4 * FOLIO) };
+    }
+
+    /// A mapping whose name is not UTF-8 does not end the listing.
+    #[test]
+    fn fork_advice_reads_past_a_name_that_is_not_text() {
+        let listing: &[u8] =
+            b"7f0000000000-7f0000001000 rw-s 00000000 00:01 7 /memfd:\xff\xfe (deleted)\n\
+Size:                  4 kB\n\
+VmFlags: rd wr sh mr mw me ms sd\n\
+7f0000010000-7f0000020000 rw-p 00000000 00:00 0 \n\
+Size:                 64 kB\n\
+VmFlags: rd wr mr mw me ac wf\n";
+        assert_eq!(
+            fork_advice_in(listing),
+            [(0x7f00_0001_0000, 0x7f00_0002_0000, ForkAdvice::Wipe)]
+        );
     }
 
     /// The kernel's own listing of this process: a mapping split in four

@@ -67,7 +67,7 @@ mod space;
 mod swapin;
 pub mod uffd;
 
-pub use attached::Attached;
+pub use attached::{Attached, BEACON_SPAN};
 pub use config::{BadConfig, Builder, EventReaders, RuntimeConfig};
 pub use counters::RuntimeStats;
 pub use latency::Latencies;

@@ -100,7 +100,18 @@ struct UffdioPoison {
     updated: i64,
 }
 
+/// `struct uffdio_continue`: asked only as a probe (see
+/// [`Uffd::registered_anonymous`]).
+#[repr(C)]
+#[derive(Default)]
+struct UffdioContinue {
+    range: UffdioRange,
+    mode: u64,
+    mapped: i64,
+}
+
 const UFFDIO_API: u64 = iowr(0x3F, std::mem::size_of::<UffdioApi>());
+const UFFDIO_CONTINUE: u64 = iowr(0x07, std::mem::size_of::<UffdioContinue>());
 const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
 const UFFDIO_UNREGISTER: u64 = ior(0x01, std::mem::size_of::<UffdioRange>());
 const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
@@ -529,6 +540,25 @@ impl Uffd {
                 filled: z.zeropage.max(0) as usize,
                 error,
             })
+    }
+
+    /// Whether the page at `addr` lies in anonymous memory registered with
+    /// this descriptor, asked without changing anything: UFFDIO_CONTINUE,
+    /// which installs pages of shared memory only, is refused with EINVAL
+    /// for registered anonymous memory and ENOENT where no mapping
+    /// registered with this descriptor holds the page (the kernel looks for
+    /// the mapping first). `None` where the kernel would not say (EAGAIN:
+    /// the address space is changing under an unread event).
+    pub fn registered_anonymous(&self, addr: usize) -> Option<bool> {
+        let mut c = UffdioContinue {
+            range: range(addr, PAGE_SIZE),
+            ..UffdioContinue::default()
+        };
+        match self.ioctl(UFFDIO_CONTINUE, &mut c) {
+            Err(UffdError::Os(e)) if e.raw_os_error() == Some(libc::EINVAL) => Some(true),
+            Err(UffdError::NoMapping) => Some(false),
+            _ => None,
+        }
     }
 
     /// Marks the missing pages of the range poisoned (a touch raises SIGBUS),
