@@ -44,7 +44,7 @@ pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
 
 /// Marks a Hello, and the protocol's version.
-pub const MAGIC: u64 = 0x7573_7761_7005;
+pub const MAGIC: u64 = 0x7573_7761_7006;
 
 /// Pages of the agent's at [`Hello::beacon`]: the beacon, then the fence,
 /// which the agent touches in the parent after each fork (the fault waits

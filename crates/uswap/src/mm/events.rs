@@ -884,10 +884,12 @@ pub(crate) fn on_fork(
 /// parent may have marked it since (its forking thread runs on once the
 /// fork's event is read), and memory the child has taken for unmapped would
 /// lose what it holds. The fork left the child's copies of registered
-/// mappings registered with the child's descriptor; memory the child has
-/// mapped there since is not, and is not the parent's. Where the kernel
-/// does not say, the child is taken to have it, as before such advice was
-/// read: its new memory there then goes unmanaged, and nothing is lost.
+/// mappings registered; memory the child has mapped there since is not
+/// (unless the child registered it with a userfaultfd of its own), and is
+/// not the parent's. One page is asked: the range is one mapping of the
+/// parent's. Where the kernel does not say, the child is taken to have it,
+/// as before such advice was read: its new memory there then goes
+/// unmanaged, and nothing is lost.
 fn child_has_mapping(space: &Space, start: usize) -> bool {
     space.uffd.registered_anonymous(start) != Some(false)
 }

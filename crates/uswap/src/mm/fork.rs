@@ -124,8 +124,13 @@ extern "C" fn parent() {
     // copy as it was (`events::on_fork`), and a madvise, munmap or mremap
     // the program made right after its fork would otherwise be read as
     // made before it. The fork's event was read before the kernel let this
-    // thread go, and `unapplied` was raised before that read; an event
-    // thread that read nothing leaves it low.
+    // thread go, and `unapplied` was raised before that read (an event
+    // thread that read nothing lowers it at its next turn). Applying
+    // allocates: glibc has let malloc go before these handlers, but an
+    // allocator whose own fork handlers were registered after this one's
+    // holds its locks until they run, after this wait. Such an allocator's
+    // locks are already held in `prepare`, which allocates too, so no
+    // setup that forked before waits here for ever.
     for shared in runtimes {
         while shared.unapplied.load(Ordering::SeqCst) {
             std::thread::yield_now();

@@ -542,13 +542,15 @@ impl Uffd {
             })
     }
 
-    /// Whether the page at `addr` lies in anonymous memory registered with
-    /// this descriptor, asked without changing anything: UFFDIO_CONTINUE,
-    /// which installs pages of shared memory only, is refused with EINVAL
-    /// for registered anonymous memory and ENOENT where no mapping
-    /// registered with this descriptor holds the page (the kernel looks for
-    /// the mapping first). `None` where the kernel would not say (EAGAIN:
-    /// the address space is changing under an unread event).
+    /// Whether the page at `addr` of this descriptor's address space lies
+    /// in anonymous memory registered with a userfaultfd, asked without
+    /// changing what it holds: UFFDIO_CONTINUE, which installs pages of
+    /// shared memory only, is refused with EINVAL for registered anonymous
+    /// memory and ENOENT where no registered mapping holds the page (the
+    /// kernel looks for the mapping first; which userfaultfd it is
+    /// registered with, it does not check). `None` where the kernel would
+    /// not say (EAGAIN: the address space is changing under an unread
+    /// event; ENOMEM).
     pub fn registered_anonymous(&self, addr: usize) -> Option<bool> {
         let mut c = UffdioContinue {
             range: range(addr, PAGE_SIZE),
