@@ -8,11 +8,13 @@
  * hand out the same address again, to this thread or another), unmaps one
  * piece and maps new memory at exactly that address, drops a piece
  * (MADV_DONTNEED: it must read zeros), makes a piece read-only and checks
- * it, or forks a child that checks the thread's blocks in its copy; with
+ * it, marks a piece MADV_WIPEONFORK or unmarks it (a child gets a marked
+ * piece empty), or forks a child that checks the thread's blocks in its
+ * copy; with
  * MOVES 1, it also moves blocks onto others of its own (mremap, piece by
  * piece, as glibc's realloc moves a large block). What it models: each
  * piece's generation (0: zeros), unique to its thread, which is what its
- * words are made of.
+ * words are made of, and whether it is marked.
  *
  *   churn [THREADS] [BLOCKS_PER_THREAD] [OPS_PER_THREAD] [SEED] [MOVES]
  */
@@ -33,6 +35,7 @@
 struct block {
     char *base;                 /* NULL: not mapped */
     uint64_t gen[PIECES];       /* 0: the piece reads zeros */
+    int wiped[PIECES];          /* marked MADV_WIPEONFORK */
     long op[PIECES];            /* the operation that last changed it */
     const char *how[PIECES];    /* and what it did */
 };
@@ -114,6 +117,7 @@ static void new_block(struct thread *t, int blk) {
     t->b[blk].base = map_anywhere(BLOCK);
     for (int p = 0; p < PIECES; p++) {
         t->b[blk].gen[p] = ++t->next_gen;
+        t->b[blk].wiped[p] = 0;
         fill_piece(t, blk, p);
         changed(t, blk, p, "a new block");
     }
@@ -150,6 +154,7 @@ static void *work(void *arg) {
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
             if (p == at) {
                 b->gen[piece] = ++t->next_gen;
+                b->wiped[piece] = 0;
                 fill_piece(t, blk, piece);
                 changed(t, blk, piece, "new memory in its place");
                 break;
@@ -176,6 +181,11 @@ static void *work(void *arg) {
             if (pid < 0) { perror("churn: fork"); exit(2); }
             if (pid == 0) {
                 int bad = 0;
+                /* The child's own copy of the model: marked pieces came
+                 * empty. */
+                for (int k = 0; k < t->blocks; k++)
+                    for (int q = 0; q < PIECES; q++)
+                        if (t->b[k].base && t->b[k].wiped[q]) t->b[k].gen[q] = 0;
                 for (int k = 0; k < t->blocks && !bad; k++) bad |= check_block(t, k, "in a forked child");
                 fflush(stdout);
                 _exit(bad);
@@ -187,6 +197,16 @@ static void *work(void *arg) {
                 for (int k = 0; k < t->blocks; k++) check_block(t, k, "in the parent after its child failed");
                 t->bad = 1;
             }
+            break;
+        }
+        case 15: {
+            int mark = !b->wiped[piece];
+            if (madvise(at, PIECE, mark ? MADV_WIPEONFORK : MADV_KEEPONFORK)) {
+                perror("churn: madvise");
+                exit(2);
+            }
+            b->wiped[piece] = mark;
+            changed(t, blk, piece, mark ? "marked wipe-on-fork" : "unmarked");
             break;
         }
         case 16: case 17: {
@@ -203,6 +223,7 @@ static void *work(void *arg) {
                     exit(2);
                 }
                 d->gen[q] = b->gen[q];
+                d->wiped[q] = b->wiped[q];
                 changed(t, to, q, "moved here");
             }
             new_block(t, blk);
