@@ -2,8 +2,8 @@
 //! memory, page by page, and a seeded random sequence of what real programs
 //! do to theirs (mmap, munmap of whole and partial folios, mprotect that
 //! splits folios, MADV_DONTNEED, MADV_FREE, mremap that grows, shrinks,
-//! moves and cuts through folios, fork with the child checking all of its
-//! memory), while two more threads read and write memory of their own, all
+//! moves and cuts through folios, MADV_WIPEONFORK and MADV_DONTFORK and
+//! their undoing, fork with the child checking all of its memory), while two more threads read and write memory of their own, all
 //! under eviction pressure (the limit is a fraction of the working set).
 //! Every read is checked against the model; at the end every slot and every
 //! pool page is back.
@@ -44,6 +44,11 @@ struct Page {
     /// The region it belongs to (its handle unmaps it), or NONE for pages a
     /// partial move took out of their region.
     owner: u32,
+    /// Its mapping is marked MADV_WIPEONFORK: a forked child gets zeros.
+    wipe_on_fork: bool,
+    /// Its mapping is marked MADV_DONTFORK: a forked child has no mapping
+    /// there (whatever the other mark says).
+    dont_fork: bool,
 }
 
 const NONE: u32 = u32::MAX;
@@ -124,6 +129,7 @@ struct Counts {
     moves: u64,
     resizes: u64,
     forks: u64,
+    fork_advice: u64,
     checked_pages: u64,
     /// Freed scratch ranges another mapping took before the model could
     /// reserve them again.
@@ -223,6 +229,8 @@ impl Case {
                                 maybe_zero: false,
                                 writable: true,
                                 owner,
+                                wipe_on_fork: false,
+                                dont_fork: false,
                             },
                         );
                     }
@@ -236,16 +244,12 @@ impl Case {
                         if self.pages[&addr].writable {
                             let seed = self.seed();
                             fill(addr, seed);
-                            let owner = self.pages[&addr].owner;
-                            self.pages.insert(
-                                addr,
-                                Page {
-                                    seed,
-                                    maybe_zero: false,
-                                    writable: true,
-                                    owner,
-                                },
-                            );
+                            let p = self.pages.get_mut(&addr).unwrap();
+                            *p = Page {
+                                seed,
+                                maybe_zero: false,
+                                ..*p
+                            };
                         }
                     }
                     self.ops.writes += 1;
@@ -338,6 +342,28 @@ impl Case {
             }
             81..=88 => self.remap(),
             89..=91 => self.fork(),
+            92..=93 => {
+                if let Some((start, len)) = self.run(24) {
+                    let advice = [
+                        libc::MADV_WIPEONFORK,
+                        libc::MADV_KEEPONFORK,
+                        libc::MADV_DONTFORK,
+                        libc::MADV_DOFORK,
+                    ][self.rng.gen_range(0..4)];
+                    // SAFETY: pages of the model.
+                    assert_eq!(unsafe { libc::madvise(start as *mut _, len, advice) }, 0);
+                    for addr in (start..start + len).step_by(PAGE) {
+                        let p = self.pages.get_mut(&addr).unwrap();
+                        match advice {
+                            libc::MADV_WIPEONFORK => p.wipe_on_fork = true,
+                            libc::MADV_KEEPONFORK => p.wipe_on_fork = false,
+                            libc::MADV_DONTFORK => p.dont_fork = true,
+                            _ => p.dont_fork = false,
+                        }
+                    }
+                    self.ops.fork_advice += 1;
+                }
+            }
             _ => {
                 if let Some((start, len)) = self.run(16) {
                     self.check(start, len, "read");
@@ -431,7 +457,24 @@ impl Case {
     /// may read as zero), writes one page of its own and checks it, and
     /// exits; the parent's memory must be unchanged by the child's write.
     fn fork(&mut self) {
-        let list: Vec<(usize, Page)> = self.pages.iter().map(|(&a, &p)| (a, p)).collect();
+        // What the child has: no page where its parent's mapping is marked
+        // MADV_DONTFORK, zeros where it is marked MADV_WIPEONFORK.
+        let list: Vec<(usize, Page)> = self
+            .pages
+            .iter()
+            .filter(|(_, p)| !p.dont_fork)
+            .map(|(&a, &p)| match p.wipe_on_fork {
+                true => (
+                    a,
+                    Page {
+                        seed: 0,
+                        maybe_zero: false,
+                        ..p
+                    },
+                ),
+                false => (a, p),
+            })
+            .collect();
         let target = list.iter().position(|(_, p)| p.writable);
         let child_seed = self.seed();
         // Where the child reports what it found wrong: how many pages, then
@@ -481,8 +524,7 @@ impl Case {
                     &Page {
                         seed: child_seed,
                         maybe_zero: false,
-                        writable: true,
-                        owner: NONE,
+                        ..list[t].1
                     },
                 ) {
                     note(addr);
@@ -505,7 +547,10 @@ impl Case {
                 // SAFETY: as above.
                 let (addr, first) =
                     unsafe { (*report.add(1 + 2 * k) as usize, *report.add(2 + 2 * k)) };
-                let page = self.pages[&addr];
+                let page = list
+                    .iter()
+                    .find(|(a, _)| *a == addr)
+                    .map_or(self.pages[&addr], |x| x.1);
                 let region = self.regions.iter().find(|(_, r)| {
                     (r.as_ptr() as usize..r.as_ptr() as usize + r.len()).contains(&addr)
                 });
@@ -659,6 +704,8 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
             maybe_zero: false,
             writable: true,
             owner: NONE,
+            wipe_on_fork: false,
+            dont_fork: false,
         };
         assert!(
             holds(noise_base + i * PAGE, &page),
