@@ -94,6 +94,35 @@ fn counters(path: &Path) -> std::collections::HashMap<String, u64> {
         .collect()
 }
 
+/// Runs `exe ARGS` under `uswap run FLAGS`, fails the test unless it
+/// exits 0 with `ok` as its last line (`what` names the run in the
+/// message), and returns the run's counters.
+fn run_to_ok(
+    exe: &Path,
+    flags: &[&str],
+    args: &[&str],
+    ok: &str,
+    what: &str,
+) -> std::collections::HashMap<String, u64> {
+    let stats = exe.with_extension("stats");
+    let out = run(Command::new(USWAP)
+        .arg("run")
+        .args(flags)
+        .arg("--stats-file")
+        .arg(&stats)
+        .arg("--")
+        .arg(exe)
+        .args(args));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.ends_with(&format!("{ok}\n")),
+        "{what}: {:?}: {stdout}{}",
+        out.status,
+        text(&out.stderr)
+    );
+    counters(&stats)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -702,26 +731,13 @@ fn peak_under_64m(name: &str) -> u64 {
 fn a_program_that_churns_its_memory_layout_reads_back_what_it_wrote() {
     let exe = build("churn");
     for seed in ["1", "2", "3"] {
-        let stats = exe.with_extension(format!("stats-{seed}"));
-        let child = Command::new(USWAP)
-            .args(["run", "--memory-high", "16M", "--stats-file"])
-            .arg(&stats)
-            .arg("--")
-            .arg(&exe)
-            .args(["3", "64", "3000", seed])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = wait_within(child, Duration::from_secs(120));
-        let stdout = text(&out.stdout);
-        assert!(
-            out.status.success() && stdout.ends_with("churn ok\n"),
-            "seed {seed}: {:?}: {stdout}{}",
-            out.status,
-            text(&out.stderr)
+        let c = run_to_ok(
+            &exe,
+            &["--memory-high", "16M"],
+            &["3", "64", "3000", seed],
+            "churn ok",
+            &format!("seed {seed}"),
         );
-        let c = counters(&stats);
         assert!(c["evicted_folios"] > 0, "seed {seed}: {c:?}");
         assert!(c["discarded_by_move"] > 0, "seed {seed}: {c:?}");
     }
@@ -740,21 +756,15 @@ fn a_program_that_churns_its_memory_layout_reads_back_what_it_wrote() {
 fn a_program_that_moves_a_mapping_with_parts_of_folios_at_its_ends_reads_back_what_it_wrote() {
     let exe = build("remap");
     for folio in ["64k", "4k"] {
-        let stats = exe.with_extension(format!("stats-{folio}"));
-        let out = run(Command::new(USWAP)
-            .args(["run", "--memory-high", "8M", "--rescan-ms", "5"])
-            .args(["--folio-size", folio, "--stats-file"])
-            .arg(&stats)
-            .arg("--")
-            .arg(&exe));
-        let stdout = text(&out.stdout);
-        assert!(
-            out.status.success() && stdout.ends_with("remap ok\n"),
-            "{folio}: {:?}: {stdout}{}",
-            out.status,
-            text(&out.stderr)
-        );
-        let c = counters(&stats);
+        let flags = [
+            "--memory-high",
+            "8M",
+            "--rescan-ms",
+            "5",
+            "--folio-size",
+            folio,
+        ];
+        let c = run_to_ok(&exe, &flags, &[], "remap ok", folio);
         assert!(c["evicted_folios"] > 0, "{folio}: {c:?}");
     }
 }
@@ -767,21 +777,8 @@ fn a_program_that_moves_a_mapping_with_parts_of_folios_at_its_ends_reads_back_wh
 #[test]
 fn a_stopped_process_does_not_stall_reclaim_for_the_others() {
     let exe = build("stopped");
-    let stats = exe.with_extension("stats");
-    let out = run(Command::new(USWAP)
-        .args(["run", "--memory-high", "16M", "--rescan-ms", "5"])
-        .arg("--stats-file")
-        .arg(&stats)
-        .arg("--")
-        .arg(&exe));
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success() && stdout.ends_with("stopped ok\n"),
-        "{:?}: {stdout}{}",
-        out.status,
-        text(&out.stderr)
-    );
-    let c = counters(&stats);
+    let flags = ["--memory-high", "16M", "--rescan-ms", "5"];
+    let c = run_to_ok(&exe, &flags, &[], "stopped ok", "stopped");
     assert!(c["evicted_folios"] > 0, "{c:?}");
     assert!(c["stopped_folios_held"] > 0, "{c:?}");
     // Only the runs taken before the stop was seen are left, not runs of
@@ -803,21 +800,15 @@ fn a_stopped_process_does_not_stall_reclaim_for_the_others() {
 fn a_forked_child_gets_wiped_memory_empty_and_not_copied_memory_not_at_all() {
     let exe = build("forkadvice");
     for folio in ["64k", "4k"] {
-        let stats = exe.with_extension(format!("stats-{folio}"));
-        let out = run(Command::new(USWAP)
-            .args(["run", "--memory-high", "16M", "--rescan-ms", "5"])
-            .args(["--folio-size", folio, "--stats-file"])
-            .arg(&stats)
-            .arg("--")
-            .arg(&exe));
-        let stdout = text(&out.stdout);
-        assert!(
-            out.status.success() && stdout.ends_with("forkadvice ok\n"),
-            "{folio}: {:?}: {stdout}{}",
-            out.status,
-            text(&out.stderr)
-        );
-        let c = counters(&stats);
+        let flags = [
+            "--memory-high",
+            "16M",
+            "--rescan-ms",
+            "5",
+            "--folio-size",
+            folio,
+        ];
+        let c = run_to_ok(&exe, &flags, &[], "forkadvice ok", folio);
         assert!(c["evicted_folios"] > 0, "{folio}: {c:?}");
         // WIPE and GONE at each of the nine forks; KEEP, advised only
         // after its forks, at none.
@@ -836,16 +827,8 @@ fn a_forked_child_gets_wiped_memory_empty_and_not_copied_memory_not_at_all() {
 fn a_process_killed_while_a_raw_forked_child_holds_its_socket_does_not_stall_reclaim() {
     let exe = build("rawfork");
     for round in 0..4 {
-        let out = run(Command::new(USWAP)
-            .args(["run", "--memory-high", "16M", "--rescan-ms", "5", "--"])
-            .arg(&exe));
-        let stdout = text(&out.stdout);
-        assert!(
-            out.status.success() && stdout.ends_with("rawfork ok\n"),
-            "round {round}: {:?}: {stdout}{}",
-            out.status,
-            text(&out.stderr)
-        );
+        let flags = ["--memory-high", "16M", "--rescan-ms", "5"];
+        run_to_ok(&exe, &flags, &[], "rawfork ok", &format!("round {round}"));
     }
 }
 

@@ -57,6 +57,43 @@ unsafe fn move_pages_onto(from: usize, len: usize, to: usize) -> usize {
     to
 }
 
+/// Forks a child that runs `child` and exits 0 if it returns true; the
+/// parent runs `meanwhile`, then waits for it and fails the test unless it
+/// exited 0 (`what` names the check). `child` runs in a copy of this
+/// process with one thread: it must not allocate or take a lock another
+/// thread may hold.
+fn in_forked_child(child: impl FnOnce() -> bool, meanwhile: impl FnOnce(), what: &str) {
+    // SAFETY: the child runs `child`, which allocates nothing and takes no
+    // lock, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = child();
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    meanwhile();
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{what}: the child saw wrong bytes (status {status:#x})"
+    );
+}
+
+/// Once the forked children have exited: the runtime lets go of them, and
+/// with `region` gone every stored entry they shared with it is freed.
+fn assert_children_and_entries_released(rt: &Runtime, region: uswap::mm::Region) {
+    assert!(
+        eventually(|| rt.stats().children == 0),
+        "the exited child was released"
+    );
+    drop(region);
+    rt.store().drain_slot_caches();
+    assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
+}
+
 /// Reported: munmap of one page inside a swapped folio read the other 60 KiB
 /// of that folio back as zeros.
 #[test]
@@ -115,34 +152,18 @@ fn a_forked_child_sees_its_parents_swapped_memory() {
         let base = region.as_ptr() as usize;
         let words = Words::of(&region);
         assert!(rt.stats().evicted_folios > 0);
-        // SAFETY: the child only reads and writes memory and leaves with _exit;
-        // it allocates nothing and takes no lock another thread may hold.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let mut bad = 0u64;
+        let child = || {
+            let mut ok = true;
             for i in 0..words.count {
-                if words.read(i) != expect(base, base + i * 8) {
-                    bad += 1;
-                }
+                ok &= words.read(i) == expect(base, base + i * 8);
                 // The child's writes are its own.
                 words.write(i, 0xC0DE);
             }
-            for i in (0..words.count).step_by(511) {
-                if words.read(i) != 0xC0DE {
-                    bad += 1;
-                }
-            }
-            // SAFETY: ends the child without running the parent's destructors.
-            unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child saw wrong bytes (status {status:#x})"
-        );
+            ok && (0..words.count)
+                .step_by(511)
+                .all(|i| words.read(i) == 0xC0DE)
+        };
+        in_forked_child(child, || {}, "its parent's memory");
         for i in 0..words.count {
             assert_eq!(
                 words.read(i),
@@ -151,13 +172,7 @@ fn a_forked_child_sees_its_parents_swapped_memory() {
             );
         }
         assert!(rt.stats().forks >= 1);
-        assert!(
-            eventually(|| rt.stats().children == 0),
-            "the exited child was released"
-        );
-        drop(region);
-        rt.store().drain_slot_caches();
-        assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
+        assert_children_and_entries_released(&rt, region);
     });
 }
 
@@ -213,47 +228,24 @@ fn a_forked_child_gets_wiped_memory_empty_and_not_copied_memory_not_at_all() {
         }
         fill_and_evict(&rt, &region);
         let words = Words::of(&region);
-        // SAFETY: the child only reads memory and leaves with _exit; it
-        // allocates nothing and takes no lock another thread may hold.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let mut bad = 0u64;
-            for i in 0..words.count {
+        let child = || {
+            (0..words.count).all(|i| {
                 let addr = base + i * 8;
-                if (not_copied.0..not_copied.1).contains(&addr) {
-                    continue;
-                }
-                let want = if (wiped.0..wiped.1).contains(&addr) {
-                    0
-                } else {
-                    expect(base, addr)
-                };
-                if words.read(i) != want {
-                    bad += 1;
-                }
-            }
-            // SAFETY: ends the child without running the parent's destructors.
-            unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child saw wrong bytes (status {status:#x})"
-        );
+                (not_copied.0..not_copied.1).contains(&addr)
+                    || words.read(i)
+                        == if (wiped.0..wiped.1).contains(&addr) {
+                            0
+                        } else {
+                            expect(base, addr)
+                        }
+            })
+        };
+        in_forked_child(child, || {}, "wiped and not copied memory");
         let stats = rt.stats();
         assert!(stats.evicted_folios > 0, "{stats:?}");
         assert_eq!(stats.fork_advice_ranges, 2, "{stats:?}");
         check_range(base, base, base + region.len(), "the parent");
-        assert!(
-            eventually(|| rt.stats().children == 0),
-            "the exited child was released"
-        );
-        drop(region);
-        rt.store().drain_slot_caches();
-        assert_eq!(rt.store().slots_in_use(), 0, "every shared entry was freed");
+        assert_children_and_entries_released(&rt, region);
     });
 }
 
@@ -277,30 +269,14 @@ fn memory_advised_just_after_a_fork_stays_the_childs() {
             (libc::MADV_DONTFORK, libc::MADV_DOFORK),
             (libc::MADV_WIPEONFORK, libc::MADV_KEEPONFORK),
         ] {
-            // SAFETY: the child only reads memory and leaves with _exit; it
-            // allocates nothing and takes no lock another thread may hold.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0, "fork failed");
-            if pid == 0 {
-                let bad = (0..words.count)
-                    .filter(|&i| words.read(i) != expect(base, base + i * 8))
-                    .count();
-                // SAFETY: ends the child without running the parent's
-                // destructors.
-                unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
-            }
+            let child = || (0..words.count).all(|i| words.read(i) == expect(base, base + i * 8));
             let len = marked.1 - marked.0;
-            // SAFETY: advice on part of our own region.
-            assert_eq!(unsafe { libc::madvise(marked.0 as *mut _, len, advice) }, 0);
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "advice {advice}: the child saw wrong bytes (status {status:#x})"
-            );
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::madvise(marked.0 as *mut _, len, undo) }, 0);
+            let advise = |advice| {
+                // SAFETY: advice on part of our own region.
+                assert_eq!(unsafe { libc::madvise(marked.0 as *mut _, len, advice) }, 0);
+            };
+            in_forked_child(child, || advise(advice), &format!("advice {advice}"));
+            advise(undo);
             evict_to_limit(&rt);
         }
         check_range(base, base, base + region.len(), "the parent");
