@@ -93,6 +93,20 @@ impl AgentLink {
         let hello = Hello::decode(&packet)
             .ok_or_else(|| io::Error::other("not an agent of this uswap version"))?;
         let pid = peer_pid(&sock)?;
+        // SAFETY: a valid socket, and a timeval-sized option with its
+        // length.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &ANSWER_LOOK as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
         Ok((
             AgentLink {
                 sock,
@@ -223,9 +237,13 @@ impl AgentLink {
     }
 }
 
-/// How often, in milliseconds, a wait for an agent's answer looks whether
-/// the agent's thread still runs (see [`AgentLink::answer`]).
-const ANSWER_LOOK_MS: i32 = 50;
+/// How long a wait for an agent's answer goes before it looks whether the
+/// agent's thread still runs (see [`AgentLink::answer`]); the connection's
+/// receive timeout, set once at its hello.
+const ANSWER_LOOK: libc::timeval = libc::timeval {
+    tv_sec: 0,
+    tv_usec: 50_000,
+};
 
 impl AgentLink {
     /// Waits for the agent's next packet, as [`recv`] does, but not past
@@ -234,35 +252,21 @@ impl AgentLink {
     /// socket, which the handlers would have closed: the agent's process
     /// may die with a request unanswered, and the end of file its death
     /// would bring never comes while that copy lives (the reclaimer, which
-    /// asks, then waited for ever, and every process with it).
+    /// asks, then waited for ever, and every process with it). A receive
+    /// that times out ([`ANSWER_LOOK`]) looks at the thread; one more is
+    /// made once it is found gone, in case it answered just before it
+    /// ended.
     fn answer(&self) -> io::Result<Option<([u8; PACKET], Option<OwnedFd>)>> {
-        let fd = self.sock.as_raw_fd();
-        let ready = |timeout_ms| {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one pollfd, valid for the call.
-            let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                return (e.kind() != io::ErrorKind::Interrupted).then_some(Err(e));
-            }
-            (r > 0).then_some(Ok(()))
-        };
+        let timed_out =
+            |r: &io::Result<_>| matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
         loop {
-            if let Some(r) = ready(ANSWER_LOOK_MS) {
-                r?;
-                return recv(fd);
+            let r = recv(self.sock.as_raw_fd());
+            if !timed_out(&r) {
+                return r;
             }
-            // Looked at once more after the thread is found gone: it may
-            // have answered just before it ended.
             if !agent_thread_runs(self.pid) {
-                return match ready(0) {
-                    Some(r) => r.and_then(|()| recv(fd)),
-                    None => Ok(None),
-                };
+                let last = recv(self.sock.as_raw_fd());
+                return if timed_out(&last) { Ok(None) } else { last };
             }
         }
     }

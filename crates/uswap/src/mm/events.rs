@@ -170,11 +170,7 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
             RESIDENT => f.set(folio::dropped_at(w, shared.now_ms())),
             SWAPPED => {
                 let before = space.extras_of(&region, i, w);
-                space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
-                let x = space.extras_of(&region, i, f.load());
-                if x.holes().covers(pages) {
-                    space.take_extras(&region, i);
-                    f.set(x.all_holes_state());
+                if drop_swapped_pages(space, &region, i, lo, hi) {
                     unsettled.emptied.push(Emptied {
                         region: region.id,
                         folio: i,
@@ -204,6 +200,22 @@ pub(crate) fn on_remove(shared: &Shared, space: &Space, start: usize, end: usize
     }
     unsettled.resident.append(&mut evicting);
     keep_until_zapped(shared, space, unsettled);
+}
+
+/// Pages `lo..hi` of SWAPPED folio `i` now read as zero (a drop): they are
+/// holes of the stored folio, and a folio left with nothing but holes is
+/// stored no more (UNTOUCHED, or GONE if part of it is unmapped). True if
+/// so: its entries are then the caller's to keep or free.
+fn drop_swapped_pages(space: &Space, region: &RegionInner, i: usize, lo: usize, hi: usize) -> bool {
+    let f = &region.folios[i];
+    space.update_extras(region, i, |x| x.removed.insert_range(lo, hi));
+    let x = space.extras_of(region, i, f.load());
+    let emptied = x.holes().covers(region.pages_per_folio() as usize);
+    if emptied {
+        space.take_extras(region, i);
+        f.set(x.all_holes_state());
+    }
+    emptied
 }
 
 /// The folios (region id, folio) that unsettled drops of `space` emptied
@@ -935,12 +947,10 @@ fn wipe_in_child(shared: &Shared, space: &Space, start: usize, end: usize) {
             // (see `fault::serve`); a poisoned folio in part stays poisoned,
             // a SIGBUS rather than wrong bytes.
             RESIDENT | POISONED => {}
+            // Emptied, it frees the child's share of the entries.
             SWAPPED => {
-                space.update_extras(&region, i, |x| x.removed.insert_range(lo, hi));
-                let x = space.extras_of(&region, i, f.load());
-                if x.holes().covers(pages) {
-                    space.take_extras(&region, i);
-                    f.set(x.all_holes_state());
+                let emptied = drop_swapped_pages(space, &region, i, lo, hi);
+                if emptied {
                     shared.store.invalidate(region.slots_of(w));
                 }
             }
