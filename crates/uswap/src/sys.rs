@@ -86,7 +86,12 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) {
 /// name, which is in parentheses and may hold any byte: it is the first
 /// letter after the last ')'.
 pub fn process_state(pid: i32) -> Option<u8> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    state_in_stat(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The state letter in the contents of a `/proc/PID/stat` (see
+/// [`process_state`]).
+pub(crate) fn state_in_stat(stat: &[u8]) -> Option<u8> {
     let after = stat.iter().rposition(|&b| b == b')')? + 1;
     stat[after..]
         .iter()

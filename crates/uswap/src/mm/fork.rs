@@ -125,16 +125,15 @@ extern "C" fn parent() {
     // the program made right after its fork would otherwise be read as
     // made before it. The fork's event was read before the kernel let this
     // thread go, and `unapplied` was raised before that read (an event
-    // thread that read nothing lowers it at its next turn). Applying
+    // thread that read nothing lowers it at its next turn): the event
+    // gate's read side, for any thread, waits until it is low. Applying
     // allocates: glibc has let malloc go before these handlers, but an
     // allocator whose own fork handlers were registered after this one's
     // holds its locks until they run, after this wait. Such an allocator's
     // locks are already held in `prepare`, which allocates too, so no
     // setup that forked before waits here for ever.
     for shared in runtimes {
-        while shared.unapplied.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
+        drop(shared.read_gate());
     }
 }
 

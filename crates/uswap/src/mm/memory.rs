@@ -110,6 +110,8 @@ pub(crate) enum Memory {
         pid: libc::pid_t,
         /// `/proc/PID/pagemap`, open.
         pagemap: File,
+        /// `/proc/PID/stat`, open (see [`Memory::stopped_now`]).
+        stat: File,
         maps: Maps,
         dropper: Box<dyn DropPages>,
         /// Stored pages may leave by a move (`RuntimeConfig::discard_by_move`).
@@ -123,10 +125,15 @@ pub(crate) enum Memory {
 /// is read again.
 pub(crate) const STOPPED_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Whether process `pid` is stopped (SIGSTOP or job control: state T; a
-/// debugger's stop: t). A process gone is not.
-fn is_stopped(pid: libc::pid_t) -> bool {
-    matches!(crate::sys::process_state(pid), Some(b'T' | b't'))
+/// Whether the process whose `/proc/PID/stat` is open as `stat` is stopped
+/// (SIGSTOP or job control: state T; a debugger's stop: t), read with one
+/// system call and no allocation (it is asked before every request to the
+/// process's agent). A process gone is not.
+fn is_stopped(stat: &File) -> bool {
+    // The command name, at most 64 bytes here, comes before the state.
+    let mut buf = [0u8; 128];
+    let n = stat.read_at(&mut buf, 0).unwrap_or(0);
+    matches!(crate::sys::state_in_stat(&buf[..n]), Some(b'T' | b't'))
 }
 
 /// Pagemap entry bits: the page is in memory, or in the kernel's swap.
@@ -146,6 +153,7 @@ impl Memory {
         Ok(Memory::Remote {
             pid,
             pagemap: File::open(format!("/proc/{pid}/pagemap"))?,
+            stat: File::open(format!("/proc/{pid}/stat"))?,
             maps: Maps::open(format!("/proc/{pid}/maps")),
             dropper,
             moves,
@@ -161,12 +169,12 @@ impl Memory {
     /// process is never stopped while it runs this.
     pub fn stopped_now(&self) -> bool {
         let Memory::Remote {
-            pid, stopped_at, ..
+            stat, stopped_at, ..
         } = self
         else {
             return false;
         };
-        let stopped = is_stopped(*pid);
+        let stopped = is_stopped(stat);
         *stopped_at.lock().expect("stopped lock") = stopped.then(std::time::Instant::now);
         stopped
     }
