@@ -30,6 +30,18 @@ pub fn folio_size(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A zero-fill-ahead window: whole pages, at most 2 MiB (0: none).
+pub fn zero_fill_ahead(s: &str) -> Result<usize, String> {
+    let bytes = size(s)?;
+    if bytes % 4096 == 0 && bytes <= 2 << 20 {
+        Ok(bytes as usize)
+    } else {
+        Err(format!(
+            "bad zero-fill-ahead {s:?}: expected whole 4k pages, at most 2M"
+        ))
+    }
+}
+
 /// A number of seconds: finite, not negative.
 pub fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -129,6 +141,12 @@ pub struct RuntimeArgs {
     /// Readahead of 2^N folios.
     #[arg(long, env = "USWAP_PAGE_CLUSTER", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=9))]
     pub page_cluster: u32,
+    /// A first touch of new memory right after the memory before it fills
+    /// this much with zeros at once, its folio first: a program going
+    /// through new memory in order then faults once per window, not once
+    /// per folio (0: the touched folio only).
+    #[arg(long, env = "USWAP_ZERO_FILL_AHEAD", default_value = "256k", value_parser = zero_fill_ahead)]
+    pub zero_fill_ahead: usize,
     /// Swap-ins of folios of at least this many pages are handed by the
     /// event thread to a filler thread, so that the next fault is read and
     /// served beside it (0: never).
@@ -381,6 +399,7 @@ impl RuntimeArgs {
             compressor: self.compressor.clone(),
             compress_batchsize: self.compress_batchsize as usize,
             page_cluster: self.page_cluster,
+            zero_fill_ahead: self.zero_fill_ahead,
             handoff_pages: self.handoff_pages as usize,
             max_pool_percent: self.max_pool_percent,
             accept_threshold_percent: self.accept_threshold_percent,

@@ -722,7 +722,7 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
     }
     let stats = case.rt.stats();
     eprintln!(
-        "folio {folio} {layout} file {swap_file} seed {seed}: {ops} operations {:?}, worker words {}, page round trips {} in / {} out, folios stored whole {}, clean installs / evictions / dropped {} / {} / {}, pages discarded by move / in place {} / {}, {:?}",
+        "folio {folio} {layout} file {swap_file} seed {seed}: {ops} operations {:?}, worker words {}, page round trips {} in / {} out, folios stored whole {}, clean installs / evictions / dropped {} / {} / {}, pages discarded by move / in place {} / {}, first touches filled ahead {}, {:?}",
         case.ops,
         worker_ops.load(Ordering::Relaxed),
         stats.store.zswpin + stats.store.pswpin + stats.store.swpin_zero,
@@ -733,6 +733,7 @@ fn run_case(folio: usize, layout: Layout, swap_file: bool, seed: u64, ops: u64) 
         stats.clean_dropped,
         stats.discarded_by_move,
         stats.discarded_in_place,
+        stats.zero_fills_ahead,
         (stats.evicted_folios, stats.pgmajfault, stats.forks, stats.partial_folio_events, stats.split_installs, stats.unfit_folios)
     );
     if !swap_file && folio == PAGE {

@@ -1067,3 +1067,57 @@ fn swap_ins_of_threads_faulting_at_once_are_handed_on() {
         );
     });
 }
+
+/// A thread writing new memory in order faults once per zero-fill-ahead
+/// window (the first folio of the region, which has none before it, once
+/// more), not once per folio; going through it backwards (the folio before
+/// each touch untouched) or with no window, it faults once per folio. It
+/// reads back exactly what it wrote either way.
+#[test]
+fn a_first_touch_in_order_fills_ahead_and_one_backwards_does_not() {
+    within(Duration::from_secs(60), || {
+        let folio = 64 << 10;
+        for (ahead, backwards) in [(MIB, false), (MIB, true), (0, false)] {
+            let rt = Runtime::new(uswap::mm::RuntimeConfig {
+                memory_high: 64 * MIB,
+                folio_size: folio,
+                zero_fill_ahead: ahead,
+                max_pool_bytes: Some(64 << 20),
+                ..uswap::mm::RuntimeConfig::default()
+            })
+            .expect("userfaultfd runtime");
+            let region = rt.map(16 * MIB).unwrap();
+            let w = Words::of(&region);
+            let per_folio = folio / 8;
+            let folios = w.count / per_folio;
+            let order: Vec<usize> = if backwards {
+                (0..folios).rev().collect()
+            } else {
+                (0..folios).collect()
+            };
+            for f in order {
+                for i in f * per_folio..(f + 1) * per_folio {
+                    w.write(i, i as u64 ^ 0xa5a5);
+                }
+            }
+            for i in 0..w.count {
+                assert_eq!(w.read(i), i as u64 ^ 0xa5a5, "word {i}");
+            }
+            // The copy wakes the writer before the event thread publishes
+            // and counts what it filled.
+            eventually(|| rt.stats().zero_fills == folios as u64);
+            let s = rt.stats();
+            let case = format!("ahead {ahead}, backwards {backwards}: {s:?}");
+            assert_eq!(s.zero_fills, folios as u64, "{case}");
+            if ahead > 0 && !backwards {
+                let window = (ahead / folio) as u64;
+                let touches = 1 + (folios as u64 - 1).div_ceil(window);
+                assert_eq!(s.faults, touches, "{case}");
+                assert_eq!(s.zero_fills_ahead, touches - 1, "{case}");
+            } else {
+                assert_eq!(s.faults, folios as u64, "{case}");
+                assert_eq!(s.zero_fills_ahead, 0, "{case}");
+            }
+        }
+    });
+}

@@ -21,6 +21,15 @@ pub struct RuntimeConfig {
     pub compress_batchsize: usize,
     /// Readahead of 2^page_cluster folios (the faulting one included).
     pub page_cluster: u32,
+    /// Bytes a first touch fills with zeros from the touched folio on, when
+    /// the folio before it was touched already (a program going through new
+    /// memory in order): the folios after it, untouched, go in with the
+    /// same copy and cost no fault of their own, as a kernel's large folio
+    /// does on an anonymous fault. Only as far as memory stays under
+    /// `memory_high` (a fill ahead never makes reclaim work), and up to the
+    /// region's end; at most 2 MiB. At most the folio size (or zero): one
+    /// folio per touch. Default 1 MiB (see `fault::zero_fill_ahead`).
+    pub zero_fill_ahead: usize,
     /// Pool limit as a percentage of physical memory (kernel default 20).
     pub max_pool_percent: u8,
     /// Pool limit in bytes, overriding the percentage.
@@ -108,6 +117,7 @@ impl Default for RuntimeConfig {
             compressor: "lz4".into(),
             compress_batchsize: 8,
             page_cluster: 0,
+            zero_fill_ahead: 1 << 20,
             max_pool_percent: 20,
             max_pool_bytes: None,
             accept_threshold_percent: 90,
@@ -161,6 +171,11 @@ impl RuntimeConfig {
         }
         if self.page_cluster > 9 {
             return Err(BadConfig("page_cluster must be at most 9".into()));
+        }
+        if self.zero_fill_ahead > 2 << 20 || self.zero_fill_ahead % PAGE_SIZE != 0 {
+            return Err(BadConfig(
+                "zero_fill_ahead must be whole pages, at most 2M".into(),
+            ));
         }
         if self.memory_high < fs {
             return Err(BadConfig("memory_high must hold at least one folio".into()));
@@ -273,6 +288,13 @@ impl Builder {
     /// Sets readahead to 2^n folios.
     pub fn page_cluster(mut self, n: u32) -> Builder {
         self.config.page_cluster = n;
+        self
+    }
+
+    /// Sets how far a sequential first touch fills with zeros, in bytes
+    /// (0: the touched folio only).
+    pub fn zero_fill_ahead(mut self, bytes: usize) -> Builder {
+        self.config.zero_fill_ahead = bytes;
         self
     }
 

@@ -79,8 +79,13 @@ counters! {
     pgmajfault,
     /// Page-fault events received, from every address space.
     faults,
-    /// First touches served with zero pages.
+    /// Folios filled with zero pages for a first touch, those filled
+    /// ahead of it included.
     zero_fills,
+    /// First touches that filled the untouched folios after theirs with
+    /// zeros too (`RuntimeConfig::zero_fill_ahead`): a program going through
+    /// new memory in order.
+    zero_fills_ahead,
     /// Writes that met a folio being evicted and waited.
     wp_faults,
     /// Faults whose folio the event thread handed to a filler to bring in

@@ -1229,8 +1229,6 @@ pub(crate) fn filler_loop(shared: &Shared) {
 }
 
 /// A page of zeros.
-static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
-
 /// What one attempt at serving a fault came to.
 enum Step {
     /// Served (or nothing to do: the thread is woken or will be).
@@ -1255,7 +1253,7 @@ type ZeroedIn<'a> = (&'a Shared, &'a RegionInner, usize);
 /// tracked `folio` ends what earlier drops kept of it for forked children
 /// (`events::forget_folio_in_drops`).
 fn zero_page(space: &Space, page: usize, wp: bool, folio: Option<ZeroedIn<'_>>) -> Step {
-    match space.uffd.copy(page, &ZERO_PAGE, wp) {
+    match space.uffd.copy(page, swapin::zeros(PAGE_SIZE), wp) {
         Ok(()) => {
             if let Some((shared, region, i)) = folio {
                 events::forget_folio_in_drops(shared, space, region.id, i);
@@ -1417,8 +1415,13 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
                 }
                 if folio::state(w) == UNTOUCHED {
                     if f.transition(w, ZEROING | (w & folio::EXTRA)) {
+                        let ahead = if own && !by_reclaimer && w == UNTOUCHED {
+                            zero_fill_ahead(shared, space, &region, i)
+                        } else {
+                            0
+                        };
                         drop(gate);
-                        swapin::zero_fill(shared, space, &region, i, server);
+                        swapin::zero_fill(shared, space, &region, i, 1 + ahead, server);
                         return Step::Done;
                     }
                 } else if f.transition(
@@ -1590,6 +1593,50 @@ fn readahead(
                 .fetch_add(region.pages_per_folio() as u64, Ordering::Relaxed);
         }
     }
+}
+
+/// Takes the untouched folios after folio `i` (just taken as ZEROING for
+/// its first touch) as ZEROING too, for one zero fill with it, and returns
+/// how many: none unless the folio before `i` was touched already, so that
+/// only a program going through new memory in order gets them (one touching
+/// new memory at random would be given memory it never uses). At most
+/// `zero_fill_ahead` bytes with folio `i`, up to the region's end or the
+/// first folio that is not plainly untouched, and only as far as memory
+/// stays under `memory_high`. None while a drop of the space is unsettled:
+/// its witness page may lie in a folio dropped whole, and a page put back
+/// there unseen by `events::fault_near_witness` would keep the drop from
+/// settling. Under the gate.
+///
+/// Why: every fault is a round trip through the event thread, the faulting
+/// thread asleep meanwhile, where the kernel's own first touch is a trap.
+/// A program writing new memory in order (`uswap run --memory-high 1G
+/// --compressor lzo-rle -- touch usemem 1536 2`) made one fault per folio,
+/// and the event threads' time went more to those round trips than to the
+/// copies of zeros.
+fn zero_fill_ahead(shared: &Shared, space: &Space, region: &RegionInner, i: usize) -> usize {
+    let size = region.folio_size;
+    let window = shared.config.zero_fill_ahead / size;
+    if window < 2
+        || i == 0
+        || folio::state(region.folios[i - 1].load()) == UNTOUCHED
+        || space.has_unsettled_drops.load(Ordering::Acquire)
+    {
+        return 0;
+    }
+    let resident = shared.resident.load(Ordering::Relaxed);
+    let room = shared.reclaim_limit().saturating_sub(resident) / size;
+    let want = (window - 1).min(room.saturating_sub(1));
+    let mut taken = 0;
+    for f in region.folios[i + 1..].iter().take(want) {
+        if !f.transition(UNTOUCHED, ZEROING) {
+            break;
+        }
+        taken += 1;
+    }
+    if taken > 0 {
+        bump(&shared.counters.zero_fills_ahead);
+    }
+    taken
 }
 
 /// Whether memory is far enough under `memory_high` that faults make no

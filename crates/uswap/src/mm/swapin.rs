@@ -34,7 +34,7 @@ use super::Shared;
 use crate::page::PAGE_SIZE;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The thread doing the work: what it may do while it does.
 pub(crate) trait Server {
@@ -123,20 +123,52 @@ impl Wake {
 thread_local! {
     /// One folio's worth of data being loaded.
     static FOLIO_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// A folio of zeros, the source of first-touch installs.
-    static ZERO_FOLIO: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on a thread-local buffer of `size` bytes (zeroed once, when it
-/// grows).
-pub(crate) fn with_zero_folio<R>(size: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-    ZERO_FOLIO.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < size {
-            b.resize(size, 0);
+/// The longest run of zeros [`zeros`] gives: the largest folio, and the
+/// largest zero-fill-ahead window.
+const ZEROS_LEN: usize = 2 << 20;
+
+/// `len` bytes of zeros (at most 2 MiB), the source of first-touch
+/// installs. They are one read-only mapping made of the kernel's zero page
+/// over and over, so that a copy from it reads the same 4 KiB, hot in the
+/// cache, however long the fill, where a buffer of zeros as long as the
+/// fill would be read from memory.
+pub(crate) fn zeros(len: usize) -> &'static [u8] {
+    static ZEROS: OnceLock<usize> = OnceLock::new();
+    assert!(len <= ZEROS_LEN, "a zero fill of {len} bytes");
+    let addr = *ZEROS.get_or_init(|| {
+        // SAFETY: a new private anonymous mapping; nothing else refers to
+        // it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ZEROS_LEN,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert!(
+            p != libc::MAP_FAILED,
+            "mapping zeros: {}",
+            std::io::Error::last_os_error()
+        );
+        // Small pages, each the zero page, mapped now: a huge zero page
+        // would be 2 MiB to read, and a copy that meets a page not mapped
+        // in its source is made twice by the kernel. Both are only costs,
+        // so a kernel that refuses either still gives zeros.
+        // SAFETY: advice on the mapping made above, which stays read-only.
+        unsafe {
+            libc::madvise(p, ZEROS_LEN, libc::MADV_NOHUGEPAGE);
+            libc::madvise(p, ZEROS_LEN, libc::MADV_POPULATE_READ);
         }
-        f(&b[..size])
-    })
+        p as usize
+    });
+    // SAFETY: the mapping is never unmapped nor made writable, and reads as
+    // zeros for the life of the process.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 
 /// Installs `source` over folio `i` of `region` honouring its extras, then
@@ -421,36 +453,91 @@ fn publish_settled(
     clean.is_some()
 }
 
-/// First touch of an untouched folio (owned as ZEROING): zero pages.
+/// First touch of untouched folios `i..i + n` of `region` (owned as
+/// ZEROING): zero pages. Several (a sequential first touch, see
+/// `fault::zero_fill_ahead`) go in with one copy where nothing has happened
+/// to any of them meanwhile; the rest, and each folio after a copy that
+/// stopped short, one folio at a time.
 pub(crate) fn zero_fill(
     shared: &Shared,
     space: &Space,
     region: &RegionInner,
     i: usize,
+    n: usize,
     server: &mut dyn Server,
 ) {
-    // Real zeroed pages rather than the shared zero page: the first write to
-    // a zero-page mapping is a copy-on-write fault whose TLB flush
-    // interrupts every CPU running the process, which costs more than the
-    // copy.
-    let outcome = with_zero_folio(region.folio_size, |zeros| {
-        install(
+    let filled = if n > 1 {
+        zero_fill_run(shared, space, region, i, n, server)
+    } else {
+        0
+    };
+    for j in i + filled..i + n {
+        // Real zeroed pages rather than the shared zero page: the first
+        // write to a zero-page mapping is a copy-on-write fault whose TLB
+        // flush interrupts every CPU running the process, which costs more
+        // than the copy.
+        let outcome = install(
             shared,
             space,
             region,
-            i,
-            Source::Data(zeros),
+            j,
+            Source::Data(zeros(region.folio_size)),
             server,
             &mut |extras, _| {
-                publish_settled(shared, space, region, i, extras, false, None);
+                publish_settled(shared, space, region, j, extras, false, None);
             },
-        )
-    });
-    shared.counters.zero_fills.fetch_add(1, Ordering::Relaxed);
-    match outcome {
-        Installed::Done(wake) => wake.wake(space),
-        Installed::SpaceGone => region.folios[i].set(GONE),
+        );
+        match outcome {
+            Installed::Done(wake) => wake.wake(space),
+            Installed::SpaceGone => region.folios[j].set(GONE),
+        }
     }
+    shared
+        .counters
+        .zero_fills
+        .fetch_add(n as u64, Ordering::Relaxed);
+}
+
+/// [`zero_fill`]'s one copy over folios `i..i + n`, made and published
+/// under the gate, so that no event can come between: only when none of
+/// them has extras (an event while it was ZEROING), and only one attempt.
+/// Returns how many folios from `i` went in; the kernel woke their waiters.
+/// A copy that stops short (part of the range unmapped or split into
+/// mappings, a page there already, an event unread) leaves the rest to
+/// [`install`], which skips the pages this copy put in.
+fn zero_fill_run(
+    shared: &Shared,
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    n: usize,
+    server: &mut dyn Server,
+) -> usize {
+    let Some(gate) = server.enter(shared) else {
+        return 0;
+    };
+    if region.folios[i..i + n]
+        .iter()
+        .any(|f| f.load() & folio::EXTRA != 0)
+    {
+        return 0;
+    }
+    let size = region.folio_size;
+    let copied = match space
+        .uffd
+        .copy_waking(region.folio_addr(i), zeros(n * size))
+    {
+        Ok(()) => n * size,
+        Err(Partial { filled, .. }) => filled,
+    };
+    let whole = copied / size;
+    let plain = Extras::default();
+    for j in i..i + whole {
+        events::forget_folio_in_drops(shared, space, region.id, j);
+        publish_settled(shared, space, region, j, &plain, false, None);
+    }
+    drop(gate);
+    whole
 }
 
 /// How a swap-in ended.
