@@ -33,7 +33,7 @@ pub fn folio_size(s: &str) -> Result<usize, String> {
 /// A zero-fill-ahead window: whole pages, at most 2 MiB (0: none).
 pub fn zero_fill_ahead(s: &str) -> Result<usize, String> {
     let bytes = size(s)?;
-    if bytes % 4096 == 0 && bytes <= 2 << 20 {
+    if bytes.is_multiple_of(4096) && bytes <= 2 << 20 {
         Ok(bytes as usize)
     } else {
         Err(format!(

@@ -172,7 +172,7 @@ impl RuntimeConfig {
         if self.page_cluster > 9 {
             return Err(BadConfig("page_cluster must be at most 9".into()));
         }
-        if self.zero_fill_ahead > 2 << 20 || self.zero_fill_ahead % PAGE_SIZE != 0 {
+        if self.zero_fill_ahead > 2 << 20 || !self.zero_fill_ahead.is_multiple_of(PAGE_SIZE) {
             return Err(BadConfig(
                 "zero_fill_ahead must be whole pages, at most 2M".into(),
             ));
