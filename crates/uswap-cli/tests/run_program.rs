@@ -308,6 +308,14 @@ fn bad_flags_and_sizes_exit_2_with_a_message() {
             "memory-high",
         ),
         (
+            &["run", "--zero-fill-ahead", "6k", "--", "echo", "STARTED"][..],
+            "zero-fill-ahead",
+        ),
+        (
+            &["run", "--zero-fill-ahead", "4M", "--", "echo", "STARTED"][..],
+            "zero-fill-ahead",
+        ),
+        (
             &[
                 "run",
                 "--swap-dir",
