@@ -490,8 +490,9 @@ impl Supervisor {
         const LOOK: Duration = Duration::from_millis(5);
         let folio = self.rt.config().folio_size;
         let growth = (self.rt.memory_high() / 32).max(1 << 20) as u64;
-        // Per image: resident bytes and time at its last full scan.
-        let mut last: std::collections::HashMap<i32, (u64, Instant)> = Default::default();
+        // Per image: resident bytes, untracked faults and time at its last
+        // full scan.
+        let mut last: std::collections::HashMap<i32, (u64, u64, Instant)> = Default::default();
         while !self.done.load(Ordering::Acquire) {
             std::thread::sleep(LOOK);
             let mut served = self.served.lock().expect("served lock");
@@ -500,14 +501,23 @@ impl Supervisor {
             for s in served.iter() {
                 let pid = s.attached.pid();
                 let rss = resident_bytes(pid);
-                let (then, at) = *last.entry(pid).or_insert((0, Instant::now() - every));
-                if at.elapsed() < every && rss < then + growth {
+                let untracked = s.attached.untracked_faults();
+                let (then, untracked_then, at) =
+                    *last
+                        .entry(pid)
+                        .or_insert((0, untracked, Instant::now() - every));
+                // Faults in registered memory no region tracks: the program
+                // grew a managed mapping in place (as glibc's realloc does
+                // with mremap), and pays a fault per page there until that
+                // memory is managed, by whole folios. Scanned at the next
+                // look rather than at the next period.
+                if at.elapsed() < every && rss < then + growth && untracked == untracked_then {
                     continue;
                 }
                 // A process that exits between the check and the scan has
                 // nothing more to manage.
                 let _gone = manage_new_memory(s, folio).is_err();
-                last.insert(pid, (rss, Instant::now()));
+                last.insert(pid, (rss, untracked, Instant::now()));
             }
         }
     }

@@ -165,6 +165,15 @@ impl Attached {
         self.space.alive.load(Ordering::Acquire) && self.space.uffd.is_alive()
     }
 
+    /// Faults served so far in registered memory of the process that no
+    /// region tracks, one page at a time: memory the program uses that the
+    /// supervisor has yet to manage (mapped by growing a managed mapping in
+    /// place, which raises no event). A count that moved says a scan is
+    /// due.
+    pub fn untracked_faults(&self) -> u64 {
+        self.space.untracked_faults.load(Ordering::Relaxed)
+    }
+
     /// The ranges managed so far, as `(start, len)` where they are now,
     /// less what the program unmapped or moved away: new memory the kernel
     /// mapped there is not managed yet.

@@ -86,6 +86,10 @@ counters! {
     /// zeros too (`RuntimeConfig::zero_fill_ahead`): a program going through
     /// new memory in order.
     zero_fills_ahead,
+    /// Faults in registered memory that no region tracks (grown in place
+    /// by mremap, moved out of a region, the ends of a managed mapping),
+    /// served with one zero page each: memory not yet managed.
+    untracked_faults,
     /// Writes that met a folio being evicted and waited.
     wp_faults,
     /// Faults whose folio the event thread handed to a filler to bring in

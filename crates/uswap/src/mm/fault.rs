@@ -1384,7 +1384,10 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
         }
         // Other registered memory no region tracks (moved out of a region
         // by a cut, or grown by mremap, or a beacon): fresh anonymous memory
-        // reads as zero.
+        // reads as zero. Counted, as memory a supervisor has yet to manage
+        // (`Attached::untracked_faults`).
+        space.untracked_faults.fetch_add(1, Ordering::Relaxed);
+        bump(&shared.counters.untracked_faults);
         return zero_page(space, page, false, None);
     };
     if !fault.wp && space.has_unsettled_drops.load(Ordering::Acquire) {

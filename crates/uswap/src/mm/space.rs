@@ -409,6 +409,9 @@ pub(crate) struct Space {
     /// fork of a child not evicted from (whose mappings the runtime cannot
     /// read) takes for its advice (see `events::on_fork`).
     pub wiped_at_fork: OnceLock<Vec<(usize, usize)>>,
+    /// Faults served in registered memory that no region tracks (see
+    /// `Attached::untracked_faults`).
+    pub untracked_faults: AtomicU64,
 }
 
 impl Space {
@@ -437,6 +440,7 @@ impl Space {
             unsettled_drops: Mutex::new(Vec::new()),
             has_unsettled_drops: AtomicBool::new(false),
             wiped_at_fork: OnceLock::new(),
+            untracked_faults: AtomicU64::new(0),
         }
     }
 
