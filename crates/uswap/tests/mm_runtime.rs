@@ -1103,8 +1103,8 @@ fn a_first_touch_in_order_fills_ahead_and_one_backwards_does_not() {
             for i in 0..w.count {
                 assert_eq!(w.read(i), i as u64 ^ 0xa5a5, "word {i}");
             }
-            // The copy wakes the writer before the event thread publishes
-            // and counts what it filled.
+            // A folio faulted on alone goes in with a copy that wakes its
+            // writer before the event thread publishes and counts it.
             eventually(|| rt.stats().zero_fills == folios as u64);
             let s = rt.stats();
             let case = format!("ahead {ahead}, backwards {backwards}: {s:?}");

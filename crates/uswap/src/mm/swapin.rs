@@ -501,10 +501,13 @@ pub(crate) fn zero_fill(
 /// [`zero_fill`]'s one copy over folios `i..i + n`, made and published
 /// under the gate, so that no event can come between: only when none of
 /// them has extras (an event while it was ZEROING), and only one attempt.
-/// Returns how many folios from `i` went in; the kernel woke their waiters.
-/// A copy that stops short (part of the range unmapped or split into
-/// mappings, a page there already, an event unread) leaves the rest to
-/// [`install`], which skips the pages this copy put in.
+/// Returns how many folios from `i` went in, woken once published: a
+/// program that goes on at once finds them resident and counted, as it
+/// finds a folio it faulted on alone (the copy that wakes its waiters
+/// itself would let it run before then). A copy that stops short (part of
+/// the range unmapped or split into mappings, a page there already, an
+/// event unread) leaves the rest to [`install`], which skips the pages this
+/// copy put in.
 fn zero_fill_run(
     shared: &Shared,
     space: &Space,
@@ -522,11 +525,8 @@ fn zero_fill_run(
     {
         return 0;
     }
-    let size = region.folio_size;
-    let copied = match space
-        .uffd
-        .copy_waking(region.folio_addr(i), zeros(n * size))
-    {
+    let (at, size) = (region.folio_addr(i), region.folio_size);
+    let copied = match space.uffd.copy(at, zeros(n * size), false) {
         Ok(()) => n * size,
         Err(Partial { filled, .. }) => filled,
     };
@@ -537,6 +537,9 @@ fn zero_fill_run(
         publish_settled(shared, space, region, j, &plain, false, None);
     }
     drop(gate);
+    if whole > 0 {
+        wake_range(space, at, whole * size);
+    }
     whole
 }
 
