@@ -1590,6 +1590,11 @@ impl Shared {
         }
         self.shutdown.store(true, Ordering::Release);
         self.kick_reclaim();
+        // Notified with the queue's lock taken and let go: a filler that
+        // found no shutdown under it is asleep by then, and woken. Without,
+        // it could miss the wake-up and sleep out its timeout (100 ms), which
+        // the end of a run paid half the time.
+        drop(self.faults.0.lock().expect("fault queue lock"));
         self.faults.1.notify_all();
         self.reclaimed.1.notify_all();
         let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
