@@ -1121,3 +1121,55 @@ fn a_first_touch_in_order_fills_ahead_and_one_backwards_does_not() {
         }
     });
 }
+
+/// A fill ahead whose one copy the kernel refuses (here the run crosses
+/// into a mapping split off by mprotect, and one copy must lie in one
+/// mapping) falls back to a fill of each folio, mapping by mapping: every
+/// folio of the window still goes in with that one fault, and every byte
+/// reads as written (zeros in the read-only page).
+#[test]
+fn a_fill_ahead_across_a_mapping_split_goes_in_folio_by_folio() {
+    within(Duration::from_secs(60), || {
+        let folio = 64 << 10;
+        let rt = Runtime::new(uswap::mm::RuntimeConfig {
+            memory_high: 64 * MIB,
+            folio_size: folio,
+            zero_fill_ahead: MIB,
+            max_pool_bytes: Some(64 << 20),
+            ..uswap::mm::RuntimeConfig::default()
+        })
+        .expect("userfaultfd runtime");
+        let region = rt.map(MIB).unwrap();
+        let w = Words::of(&region);
+        let per_folio = folio / 8;
+        let folios = w.count / per_folio;
+        // The first page of folio 6 read-only: its own mapping.
+        let read_only = 6 * per_folio;
+        // SAFETY: a page of our own region, untouched yet.
+        let page = unsafe { (region.as_ptr() as *mut u8).add(read_only * 8) };
+        // SAFETY: as above; the page is only read from now on.
+        assert_eq!(
+            unsafe { libc::mprotect(page.cast(), 4096, libc::PROT_READ) },
+            0
+        );
+        let in_read_only = |i: usize| (read_only..read_only + 512).contains(&i);
+        for i in 0..w.count {
+            if !in_read_only(i) {
+                w.write(i, i as u64 ^ 0x3c3c);
+            }
+        }
+        for i in 0..w.count {
+            let want = if in_read_only(i) {
+                0
+            } else {
+                i as u64 ^ 0x3c3c
+            };
+            assert_eq!(w.read(i), want, "word {i}");
+        }
+        eventually(|| rt.stats().zero_fills == folios as u64);
+        let s = rt.stats();
+        assert_eq!(s.zero_fills, folios as u64, "{s:?}");
+        assert_eq!((s.faults, s.zero_fills_ahead), (2, 1), "{s:?}");
+        assert!(s.split_installs > 0, "no install went page by page: {s:?}");
+    });
+}
