@@ -145,7 +145,7 @@ pub struct RuntimeArgs {
     /// this much with zeros at once, its folio first: a program going
     /// through new memory in order then faults once per window, not once
     /// per folio (0: the touched folio only).
-    #[arg(long, env = "USWAP_ZERO_FILL_AHEAD", default_value = "256k", value_parser = zero_fill_ahead)]
+    #[arg(long, env = "USWAP_ZERO_FILL_AHEAD", default_value = "1M", value_parser = zero_fill_ahead)]
     pub zero_fill_ahead: usize,
     /// Swap-ins of folios of at least this many pages are handed by the
     /// event thread to a filler thread, so that the next fault is read and
@@ -426,6 +426,36 @@ impl RuntimeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The flags' defaults are the runtime's own, where both have one: a
+    /// default changed on one side only (as the zero-fill-ahead window's
+    /// once was) would make `uswap run` and a runtime built in code differ.
+    #[test]
+    fn flag_defaults_are_the_runtimes() {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            runtime: RuntimeArgs,
+        }
+        let flags = <Only as clap::Parser>::try_parse_from(["uswap"])
+            .expect("defaults parse")
+            .runtime
+            .config(1);
+        let runtime = uswap::mm::RuntimeConfig::default();
+        assert_eq!(flags.folio_size, runtime.folio_size);
+        assert_eq!(flags.compress_batchsize, runtime.compress_batchsize);
+        assert_eq!(flags.page_cluster, runtime.page_cluster);
+        assert_eq!(flags.zero_fill_ahead, runtime.zero_fill_ahead);
+        assert_eq!(flags.handoff_pages, runtime.handoff_pages);
+        assert_eq!(flags.max_pool_percent, runtime.max_pool_percent);
+        assert_eq!(
+            flags.accept_threshold_percent,
+            runtime.accept_threshold_percent
+        );
+        assert_eq!(flags.discard_by_move, runtime.discard_by_move);
+        assert_eq!(flags.keep_clean_copies, runtime.keep_clean_copies);
+        assert_eq!(flags.event_readers, runtime.event_readers);
+    }
 
     #[test]
     fn auto_engines_leave_the_caller_a_cpu_of_the_share() {

@@ -1068,6 +1068,19 @@ fn swap_ins_of_threads_faulting_at_once_are_handed_on() {
     });
 }
 
+/// A runtime of `folio` folios filling `ahead` bytes ahead of a first
+/// touch in order, far under its limit.
+fn runtime_filling_ahead(folio: usize, ahead: usize) -> Runtime {
+    Runtime::new(uswap::mm::RuntimeConfig {
+        memory_high: 64 * MIB,
+        folio_size: folio,
+        zero_fill_ahead: ahead,
+        max_pool_bytes: Some(64 << 20),
+        ..uswap::mm::RuntimeConfig::default()
+    })
+    .expect("userfaultfd runtime")
+}
+
 /// A thread writing new memory in order faults once per zero-fill-ahead
 /// window (the first folio of the region, which has none before it, once
 /// more), not once per folio; going through it backwards (the folio before
@@ -1078,14 +1091,7 @@ fn a_first_touch_in_order_fills_ahead_and_one_backwards_does_not() {
     within(Duration::from_secs(60), || {
         let folio = 64 << 10;
         for (ahead, backwards) in [(MIB, false), (MIB, true), (0, false)] {
-            let rt = Runtime::new(uswap::mm::RuntimeConfig {
-                memory_high: 64 * MIB,
-                folio_size: folio,
-                zero_fill_ahead: ahead,
-                max_pool_bytes: Some(64 << 20),
-                ..uswap::mm::RuntimeConfig::default()
-            })
-            .expect("userfaultfd runtime");
+            let rt = runtime_filling_ahead(folio, ahead);
             let region = rt.map(16 * MIB).unwrap();
             let w = Words::of(&region);
             let per_folio = folio / 8;
@@ -1131,14 +1137,7 @@ fn a_first_touch_in_order_fills_ahead_and_one_backwards_does_not() {
 fn a_fill_ahead_across_a_mapping_split_goes_in_folio_by_folio() {
     within(Duration::from_secs(60), || {
         let folio = 64 << 10;
-        let rt = Runtime::new(uswap::mm::RuntimeConfig {
-            memory_high: 64 * MIB,
-            folio_size: folio,
-            zero_fill_ahead: MIB,
-            max_pool_bytes: Some(64 << 20),
-            ..uswap::mm::RuntimeConfig::default()
-        })
-        .expect("userfaultfd runtime");
+        let rt = runtime_filling_ahead(folio, MIB);
         let region = rt.map(MIB).unwrap();
         let w = Words::of(&region);
         let per_folio = folio / 8;

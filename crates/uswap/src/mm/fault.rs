@@ -1228,7 +1228,6 @@ pub(crate) fn filler_loop(shared: &Shared) {
     }
 }
 
-/// A page of zeros.
 /// What one attempt at serving a fault came to.
 enum Step {
     /// Served (or nothing to do: the thread is woken or will be).
