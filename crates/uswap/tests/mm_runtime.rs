@@ -1145,7 +1145,7 @@ fn a_fill_ahead_across_a_mapping_split_goes_in_folio_by_folio() {
         // The first page of folio 6 read-only: its own mapping.
         let read_only = 6 * per_folio;
         // SAFETY: a page of our own region, untouched yet.
-        let page = unsafe { (region.as_ptr() as *mut u8).add(read_only * 8) };
+        let page = unsafe { region.as_ptr().add(read_only * 8) };
         // SAFETY: as above; the page is only read from now on.
         assert_eq!(
             unsafe { libc::mprotect(page.cast(), 4096, libc::PROT_READ) },
