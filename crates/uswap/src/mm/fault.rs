@@ -396,7 +396,7 @@ impl EventThread<'_> {
                     let mut all = shared.spaces.write().expect("spaces lock");
                     all.push(child);
                     self.pollfds
-                        .reserve(all.len().saturating_sub(self.pollfds.len()));
+                        .reserve((all.len() + 1).saturating_sub(self.pollfds.len()));
                 }
             }
         }
@@ -817,7 +817,7 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
         return false;
     }
     // Looked at only: a hold is ended by the role's holder alone.
-    let held = fill_poll_list(pollfds, &spaces, |s| {
+    let held = fill_poll_list(shared, pollfds, &spaces, |s| {
         matches!(hold_of(shared, s), Hold::Held)
     });
     drop(spaces);
@@ -834,26 +834,29 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
     held
 }
 
-/// Makes room in `pollfds` for `spaces` entries where it may, and returns
-/// how many fit. Growing allocates, and an allocation may wait for malloc's
-/// locks, which a thread of this process that forks holds until the role's
-/// holder has read its fork's event: only the gate's read side (whose write
-/// side that fork's prepare handler holds meanwhile) makes it safe.
+/// Makes room in `pollfds` for `spaces` entries and the runtime's wake-up
+/// (`Shared::wake_readers`) where it may, and returns how many spaces fit.
+/// Growing allocates, and an allocation may wait for malloc's locks, which
+/// a thread of this process that forks holds until the role's holder has
+/// read its fork's event: only the gate's read side (whose write side that
+/// fork's prepare handler holds meanwhile) makes it safe.
 fn room_in_poll_list(shared: &Shared, pollfds: &mut Vec<libc::pollfd>, spaces: usize) -> usize {
-    if spaces > pollfds.capacity() {
+    if spaces + 1 > pollfds.capacity() {
         if let Ok(_gate) = shared.gate.try_read() {
             pollfds.clear();
-            pollfds.reserve(spaces);
+            pollfds.reserve(spaces + 1);
         }
     }
-    spaces.min(pollfds.capacity())
+    spaces.min(pollfds.capacity().saturating_sub(1))
 }
 
 /// Fills `pollfds` with one entry per space of `spaces`, those `held` says
-/// are held left out (their pending events would wake the poll at once);
-/// returns whether any was. Callers make room first
-/// ([`room_in_poll_list`]), so that it never grows `pollfds`.
+/// are held left out (their pending events would wake the poll at once),
+/// then the runtime's wake-up; returns whether any space was held. Callers
+/// make room first ([`room_in_poll_list`]), so that it never grows
+/// `pollfds`.
 fn fill_poll_list(
+    shared: &Shared,
     pollfds: &mut Vec<libc::pollfd>,
     spaces: &[Arc<Space>],
     mut held: impl FnMut(&Space) -> bool,
@@ -869,6 +872,11 @@ fn fill_poll_list(
             revents: 0,
         }
     }));
+    pollfds.push(libc::pollfd {
+        fd: shared.wake_readers.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
     any
 }
 
@@ -908,7 +916,7 @@ impl EventThread<'_> {
             // A held space is left out, and looked at again at once: the
             // hold ends when the reclaimer's call returns, which yielding
             // lets it do.
-            let held = fill_poll_list(pollfds, &spaces[..fit], |s| events_held(shared, s));
+            let held = fill_poll_list(shared, pollfds, &spaces[..fit], |s| events_held(shared, s));
             drop(spaces);
             // Not while the fillers work: the CPU is theirs.
             let spinning = self.last_event.elapsed() < shared.config.event_spin

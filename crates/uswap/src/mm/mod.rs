@@ -85,6 +85,7 @@ use scratch::Scratch;
 use space::{Owner, RegionInner, Space};
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -291,6 +292,11 @@ pub(crate) struct Shared {
     /// Page faults, from read to served (see [`latency`]).
     pub fault_latency: latency::Histogram,
     pub shutdown: AtomicBool,
+    /// An eventfd in every poll of the event readers, readable once
+    /// `shutdown` is set: a reader asleep in poll then wakes at once rather
+    /// than at its timeout (`fault::POLL_TIMEOUT_MS`), which every runtime's
+    /// end paid, as the event thread ends last.
+    pub wake_readers: OwnedFd,
     /// The program is forking (see [`fork`]).
     pub fork_pending: AtomicBool,
     /// The event thread has read events while the program forked and not
@@ -425,6 +431,13 @@ impl Runtime {
         } else {
             None
         };
+        // SAFETY: creates an eventfd; no memory is passed.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let wake_readers = unsafe { OwnedFd::from_raw_fd(raw) };
         let shared = Arc::new(Shared {
             store,
             gate: RwLock::new(()),
@@ -484,6 +497,7 @@ impl Runtime {
             fault_latency: latency::Histogram::default(),
             beacon_hits: Mutex::new(std::collections::HashMap::new()),
             shutdown: AtomicBool::new(false),
+            wake_readers,
             fork_pending: AtomicBool::new(false),
             unapplied: AtomicBool::new(false),
             forked_copy: AtomicBool::new(false),
@@ -1597,6 +1611,17 @@ impl Shared {
         drop(self.faults.0.lock().expect("fault queue lock"));
         self.faults.1.notify_all();
         self.reclaimed.1.notify_all();
+        let one = 1u64;
+        // SAFETY: an 8-byte write to our own eventfd. It fails only where
+        // the counter would overflow, after 2^64 - 2 writes; the readers
+        // then end at their poll's timeout instead.
+        unsafe {
+            libc::write(
+                self.wake_readers.as_raw_fd(),
+                (&one as *const u64).cast(),
+                8,
+            )
+        };
         let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
         // The event thread (started first) ends last: it lets go of the
         // descriptors once nothing else can use them (see
