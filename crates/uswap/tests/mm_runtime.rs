@@ -1172,3 +1172,43 @@ fn a_fill_ahead_across_a_mapping_split_goes_in_folio_by_folio() {
         assert!(s.split_installs > 0, "no install went page by page: {s:?}");
     });
 }
+
+/// A page the program dropped (MADV_DONTNEED) inside a resident folio and
+/// then writes costs one fault, not two: its zero page goes in
+/// write-protected (the reclaimer may be taking the folio), and for a write
+/// the protection is lifted by the same service, before the thread is
+/// woken, where the write used to come straight back for it. Every byte
+/// reads as written.
+#[test]
+fn a_dropped_page_written_again_faults_once() {
+    within(Duration::from_secs(60), || {
+        let folio = 64 << 10;
+        let rt = runtime_filling_ahead(folio, 0);
+        let region = rt.map(MIB).unwrap();
+        let w = Words::of(&region);
+        for i in 0..w.count {
+            w.write(i, i as u64 ^ 0x7777);
+        }
+        let page_words = 4096 / 8;
+        // Four pages in the middle of folio 3.
+        let first = 3 * folio / 8 + 4 * page_words;
+        let dropped = first..first + 4 * page_words;
+        // SAFETY: pages of our own region.
+        let start = unsafe { region.as_ptr().add(first * 8) };
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::madvise(start.cast(), 4 * 4096, libc::MADV_DONTNEED) },
+            0
+        );
+        let before = rt.stats().faults;
+        for i in dropped.clone() {
+            w.write(i, i as u64 ^ 0x9999);
+        }
+        let faults = rt.stats().faults - before;
+        for i in 0..w.count {
+            let want = if dropped.contains(&i) { 0x9999 } else { 0x7777 };
+            assert_eq!(w.read(i), i as u64 ^ want, "word {i}");
+        }
+        assert_eq!(faults, 4, "faults for 4 dropped pages written again");
+    });
+}

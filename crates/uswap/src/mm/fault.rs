@@ -1260,6 +1260,16 @@ type ZeroedIn<'a> = (&'a Shared, &'a RegionInner, usize);
 /// tracked `folio` ends what earlier drops kept of it for forked children
 /// (`events::forget_folio_in_drops`).
 fn zero_page(space: &Space, page: usize, wp: bool, folio: Option<ZeroedIn<'_>>) -> Step {
+    let step = put_zero_page(space, page, wp, folio);
+    if let Step::Done = step {
+        swapin::wake_range(space, page, PAGE_SIZE);
+    }
+    step
+}
+
+/// [`zero_page`] but for the wake-up: `Done` once the page is there (or has
+/// no mapping, or the process is gone), nobody woken yet.
+fn put_zero_page(space: &Space, page: usize, wp: bool, folio: Option<ZeroedIn<'_>>) -> Step {
     match space.uffd.copy(page, swapin::zeros(PAGE_SIZE), wp) {
         Ok(()) => {
             if let Some((shared, region, i)) = folio {
@@ -1276,7 +1286,6 @@ fn zero_page(space: &Space, page: usize, wp: bool, folio: Option<ZeroedIn<'_>>) 
         }) => return Step::Again,
         Err(p) => panic!("installing a zero page at {page:#x}: {}", p.error),
     }
-    swapin::wake_range(space, page, PAGE_SIZE);
     Step::Done
 }
 
@@ -1460,7 +1469,30 @@ fn serve(shared: &Shared, fault: &Fault, server: &mut dyn Server, room: bool) ->
                 shared.requeue_unfit(space.id, &region, i);
                 #[cfg(feature = "fault-injection")]
                 shared.hole_hold.stop_if_armed(|| true);
-                return zero_page(space, page, true, Some((shared, &region, i)));
+                if !fault.write {
+                    return zero_page(space, page, true, Some((shared, &region, i)));
+                }
+                // A write would come straight back for the protection: a
+                // second round trip, which a program that drops pages and
+                // writes them again pays on every one (about half of a
+                // node.js program's faults were such pairs). The write-
+                // protect fault's own service lifts it now, before the
+                // thread is woken, counted in `Unprotects` as it counts
+                // there: a reclaimer that took the folio meanwhile gives
+                // up its copy, and one that is evicting it makes the write
+                // wait as before.
+                let step = put_zero_page(space, page, true, Some((shared, &region, i)));
+                if let Step::Done = step {
+                    shared.unprotects.begin();
+                    let (_, lifted) = serve_write_protected(shared, fault, space, page);
+                    shared
+                        .unprotects
+                        .end(lifted.map(|(start, len)| (space.id, start, len)));
+                    // Whatever the service found (a folio busy meanwhile
+                    // leaves the protection), the thread retries now.
+                    swapin::wake_range(space, page, PAGE_SIZE);
+                }
+                return step;
             }
             // A page of an untracked folio: nothing evicts it.
             GONE => return zero_page(space, page, false, Some((shared, &region, i))),
