@@ -70,6 +70,23 @@ use std::time::{Duration, Instant};
 
 const POLL_TIMEOUT_MS: i32 = 50;
 
+/// How long a reader sleeps in poll once the runtime is ending. The wake-up
+/// (`Shared::wake_readers`) has woken every reader then, and stays out of
+/// later polls: left in, it would keep them from sleeping at all while the
+/// other threads end, which a reclaimer waiting on a stopped process's
+/// agent can make last. The event thread, which ends last, then sees the
+/// others gone within this.
+const ENDING_POLL_MS: i32 = 1;
+
+/// The poll timeout while the runtime runs, or once it is ending.
+fn poll_timeout(shared: &Shared) -> i32 {
+    if shared.shutdown.load(Ordering::Acquire) {
+        ENDING_POLL_MS
+    } else {
+        POLL_TIMEOUT_MS
+    }
+}
+
 /// Work the event thread hands to the fillers.
 pub(crate) enum FillerJob {
     /// A fault that must wait for room (counted in
@@ -827,7 +844,7 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
             libc::poll(
                 pollfds.as_mut_ptr(),
                 pollfds.len() as libc::nfds_t,
-                POLL_TIMEOUT_MS,
+                poll_timeout(shared),
             )
         };
     }
@@ -852,9 +869,9 @@ fn room_in_poll_list(shared: &Shared, pollfds: &mut Vec<libc::pollfd>, spaces: u
 
 /// Fills `pollfds` with one entry per space of `spaces`, those `held` says
 /// are held left out (their pending events would wake the poll at once),
-/// then the runtime's wake-up; returns whether any space was held. Callers
-/// make room first ([`room_in_poll_list`]), so that it never grows
-/// `pollfds`.
+/// then the runtime's wake-up until the runtime is ending (see
+/// [`ENDING_POLL_MS`]); returns whether any space was held. Callers make
+/// room first ([`room_in_poll_list`]), so that it never grows `pollfds`.
 fn fill_poll_list(
     shared: &Shared,
     pollfds: &mut Vec<libc::pollfd>,
@@ -872,11 +889,13 @@ fn fill_poll_list(
             revents: 0,
         }
     }));
-    pollfds.push(libc::pollfd {
-        fd: shared.wake_readers.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    });
+    if !shared.shutdown.load(Ordering::Acquire) {
+        pollfds.push(libc::pollfd {
+            fd: shared.wake_readers.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
     any
 }
 
@@ -924,7 +943,7 @@ impl EventThread<'_> {
             let timeout = if spinning || held || !sleep {
                 0
             } else {
-                POLL_TIMEOUT_MS
+                poll_timeout(shared)
             };
             // SAFETY: `pollfds` is a valid array of its length for the call.
             let ready =

@@ -292,10 +292,10 @@ pub(crate) struct Shared {
     /// Page faults, from read to served (see [`latency`]).
     pub fault_latency: latency::Histogram,
     pub shutdown: AtomicBool,
-    /// An eventfd in every poll of the event readers, readable once
-    /// `shutdown` is set: a reader asleep in poll then wakes at once rather
-    /// than at its timeout (`fault::POLL_TIMEOUT_MS`), which every runtime's
-    /// end paid, as the event thread ends last.
+    /// An eventfd in every poll of the event readers until `shutdown` is
+    /// set, and readable from then on: a reader asleep in poll then wakes
+    /// at once rather than at its timeout (`fault::POLL_TIMEOUT_MS`), which
+    /// every runtime's end paid, as the event thread ends last.
     pub wake_readers: OwnedFd,
     /// The program is forking (see [`fork`]).
     pub fork_pending: AtomicBool,
