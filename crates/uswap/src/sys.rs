@@ -1,9 +1,32 @@
 //! Raw system calls shared by more than one module: mapping fresh
 //! anonymous memory, asking whether a range of this process is mapped, the
-//! CPUs a thread may run on, and a process's state.
+//! CPUs a thread may run on, a process's state, and eventfds that wake
+//! threads asleep in poll.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
+
+/// A new eventfd (close-on-exec, non-blocking), to be made readable by
+/// [`eventfd_signal`].
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: creates an eventfd; no memory is passed.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Makes eventfd `fd` readable, waking whoever polls it. The write fails
+/// only where the counter would overflow, after 2^64 - 2 of them, and the
+/// eventfd is readable then anyway.
+pub fn eventfd_signal(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: an 8-byte write from a live u64 to an open descriptor.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
 
 /// Maps `len` bytes of private anonymous memory, read-write, reserving no
 /// swap (the pages are only charged when touched).

@@ -337,11 +337,7 @@ impl Supervisor {
     /// Ends the supervisor's threads (see `done`, `stop`).
     fn finish(&self) {
         self.done.store(true, Ordering::Release);
-        let one = 1u64;
-        // SAFETY: an 8-byte write to our own eventfd. It cannot fail short
-        // of the counter's overflow, after 2^64 - 2 writes; the threads then
-        // end at their next look instead.
-        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        uswap::sys::eventfd_signal(&self.stop);
     }
 }
 
@@ -672,13 +668,7 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
             stop_with_program as *const () as libc::sighandler_t,
         );
     }
-    // SAFETY: creates an eventfd; no memory is passed.
-    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if raw < 0 {
-        return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let stop = unsafe { OwnedFd::from_raw_fd(raw) };
+    let stop = uswap::sys::eventfd().map_err(|e| format!("eventfd: {e}"))?;
     let sup = Arc::new(Supervisor {
         rt,
         fallback: args.fallback,

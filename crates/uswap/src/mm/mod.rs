@@ -85,7 +85,7 @@ use scratch::Scratch;
 use space::{Owner, RegionInner, Space};
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -431,13 +431,7 @@ impl Runtime {
         } else {
             None
         };
-        // SAFETY: creates an eventfd; no memory is passed.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let wake_readers = unsafe { OwnedFd::from_raw_fd(raw) };
+        let wake_readers = crate::sys::eventfd()?;
         let shared = Arc::new(Shared {
             store,
             gate: RwLock::new(()),
@@ -1611,17 +1605,7 @@ impl Shared {
         drop(self.faults.0.lock().expect("fault queue lock"));
         self.faults.1.notify_all();
         self.reclaimed.1.notify_all();
-        let one = 1u64;
-        // SAFETY: an 8-byte write to our own eventfd. It fails only where
-        // the counter would overflow, after 2^64 - 2 writes; the readers
-        // then end at their poll's timeout instead.
-        unsafe {
-            libc::write(
-                self.wake_readers.as_raw_fd(),
-                (&one as *const u64).cast(),
-                8,
-            )
-        };
+        crate::sys::eventfd_signal(&self.wake_readers);
         let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
         // The event thread (started first) ends last: it lets go of the
         // descriptors once nothing else can use them (see

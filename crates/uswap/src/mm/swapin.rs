@@ -138,29 +138,24 @@ pub(crate) fn zeros(len: usize) -> &'static [u8] {
     static ZEROS: OnceLock<usize> = OnceLock::new();
     assert!(len <= ZEROS_LEN, "a zero fill of {len} bytes");
     let addr = *ZEROS.get_or_init(|| {
-        // SAFETY: a new private anonymous mapping; nothing else refers to
-        // it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ZEROS_LEN,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        assert!(
-            p != libc::MAP_FAILED,
-            "mapping zeros: {}",
-            std::io::Error::last_os_error()
-        );
-        // Small pages, each the zero page, mapped now: a huge zero page
-        // would be 2 MiB to read, and a copy that meets a page not mapped
-        // in its source is made twice by the kernel. Both are only costs,
-        // so a kernel that refuses either still gives zeros.
-        // SAFETY: advice on the mapping made above, which stays read-only.
+        let p = crate::sys::map_anonymous(ZEROS_LEN)
+            .unwrap_or_else(|e| panic!("mapping zeros: {e}"))
+            .as_ptr()
+            .cast::<libc::c_void>();
+        // Read-only, so that nothing ever writes it; small pages, each the
+        // zero page, mapped now: a huge zero page would be 2 MiB to read,
+        // and a copy that meets a page not mapped in its source is made
+        // twice by the kernel. The advice only saves costs, so a kernel that
+        // refuses it still gives zeros.
+        // SAFETY: protection and advice on the mapping made above, which
+        // nothing else refers to.
         unsafe {
+            assert_eq!(
+                libc::mprotect(p, ZEROS_LEN, libc::PROT_READ),
+                0,
+                "protecting zeros: {}",
+                std::io::Error::last_os_error()
+            );
             libc::madvise(p, ZEROS_LEN, libc::MADV_NOHUGEPAGE);
             libc::madvise(p, ZEROS_LEN, libc::MADV_POPULATE_READ);
         }
