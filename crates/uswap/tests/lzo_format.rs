@@ -187,6 +187,32 @@ fn an_m4_match_that_would_read_as_a_zero_run_is_shortened() {
     }
 }
 
+/// Up to 64 KiB a dictionary entry is a whole position, so a repeat can be
+/// found further back than an M4 reaches (0xbfff, 0xbffe in lzo-rle); it
+/// must then go as literals. The gap is one 4-byte pattern repeated, which
+/// adds nothing to the dictionary, so the block's positions are still there.
+#[test]
+fn a_repeat_beyond_the_farthest_match_goes_as_literals() {
+    let mut random = random_bytes(13);
+    let mut next = || random() | 1;
+    let block: Vec<u8> = (0..300).map(|_| next()).collect();
+    for distance in [0xbffe_usize, 0xbfff, 0xc000, 0xc001, 60_000, 65_000] {
+        let mut data = block.clone();
+        data.extend((block.len()..distance).map(|i| (i % 4) as u8 + 2));
+        data.extend_from_slice(&block[..block.len().min((1 << 16) - distance)]);
+        assert!(data.len() <= 1 << 16);
+        for version in [Version::Lzo1x, Version::Rle] {
+            let stream = ours(&data, version);
+            let mut out = vec![0u8; data.len()];
+            let decoded = decompress(&stream, &mut out);
+            assert!(
+                decoded.is_ok() && out == data,
+                "distance {distance} {version:?}"
+            );
+        }
+    }
+}
+
 /// Past 64 KiB the dictionary's 16-bit positions wrap; 2 MiB folios are
 /// compressed whole.
 #[test]

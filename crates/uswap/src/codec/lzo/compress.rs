@@ -9,12 +9,13 @@
 //!
 //! The dictionary is small and of 16-bit entries (16 KiB, as the kernel's),
 //! so that it stays in the first-level cache beside the input: the hash
-//! look-up is on the path of every byte not covered by a match. An entry holds
-//! the low 16 bits of a position; the candidate is the latest position at
-//! that distance (mod 65536), and its four bytes are compared before any use,
-//! so an entry from a stretch far back, or from an earlier call, costs a
-//! compare and nothing else. The table is cleared at each call, which keeps
-//! the output a function of the input alone.
+//! look-up is on the path of every byte not covered by a match. For inputs
+//! of up to 64 KiB an entry is a whole position, read straight as the
+//! candidate; past that it holds the low 16 bits of a position, and the
+//! candidate is the latest position at that distance (mod 65536). Either way
+//! the candidate's four bytes are compared before any use, so an entry from a
+//! stretch far back costs a compare and nothing else. The table is cleared at
+//! each call, which keeps the output a function of the input alone.
 //!
 //! Room is checked once per instruction against the caller's capacity, for
 //! exactly what the instruction writes, so an incompressible input is given
@@ -152,8 +153,6 @@ fn extension_len(rest: usize) -> usize {
 struct Out<'a> {
     buf: &'a mut [u8],
     pos: usize,
-    /// Where the instructions start (after the version header).
-    start: usize,
     /// The byte whose low two bits say how many literals follow the last
     /// instruction.
     state_at: usize,
@@ -199,7 +198,9 @@ impl Out<'_> {
         if n == 0 {
             return Some(());
         }
-        let at_start = self.pos == self.start;
+        // The parse's first instruction is the literal run from position 0
+        // (see `parse`), which has an encoding of its own.
+        let at_start = from == 0;
         // Short runs, the common case: one check covers the instruction
         // byte and the block.
         if n <= LITERAL_BLOCK
@@ -324,20 +325,50 @@ pub fn compress(
     version: Version,
     table: &mut LzoTable,
 ) -> Option<usize> {
-    let rle = version == Version::Rle;
+    // One parse loop per bitstream and per dictionary form, each with its
+    // constants folded in.
+    match version {
+        Version::Lzo1x => compress_version::<false>(src, dst, table),
+        Version::Rle => compress_version::<true>(src, dst, table),
+    }
+}
+
+/// [`compress`] for plain LZO1X-1 (`RLE` false) or lzo-rle (`RLE` true).
+fn compress_version<const RLE: bool>(
+    src: &[u8],
+    dst: &mut [u8],
+    table: &mut LzoTable,
+) -> Option<usize> {
+    if src.len() <= 1 << 16 {
+        parse::<RLE, false>(src, dst, table)
+    } else {
+        parse::<RLE, true>(src, dst, table)
+    }
+}
+
+/// The parse. With `WIDE` false (inputs of at most 64 KiB, every folio
+/// size but 2 MiB), a dictionary entry is a whole position, and the
+/// candidate's bytes are read straight from it: the look-up is on the
+/// latency chain of every byte not covered by a match, and the distance
+/// arithmetic of the wide form lengthened that chain by about a fifth of
+/// the compressor's time. With `WIDE` true, an entry is a position's low
+/// 16 bits, and the candidate is the latest position at that distance.
+fn parse<const RLE: bool, const WIDE: bool>(
+    src: &[u8],
+    dst: &mut [u8],
+    table: &mut LzoTable,
+) -> Option<usize> {
     let mut out = Out {
         buf: dst,
         pos: 0,
-        start: 0,
         state_at: 0,
     };
-    if rle {
+    if RLE {
         out.room(2)?;
         out.byte(VERSION_MARKER);
         out.byte(RLE_VERSION);
-        out.start = out.pos;
     }
-    let max_distance = if rle {
+    let max_distance = if RLE {
         M4_MAX_DISTANCE_RLE
     } else {
         M4_MAX_DISTANCE
@@ -346,14 +377,17 @@ pub fn compress(
     let slots = &mut *table.slots;
     slots.fill(0);
     let n = src.len();
+    debug_assert!(WIDE || n <= 1 << 16);
     let mut literal_start = 0;
-    let mut i = 0;
+    // The first instruction is a literal run (the decoder reads a first
+    // byte above 17 as one), so the parse starts at position 1. Every
+    // dictionary entry then holds a position before the current one: 0
+    // from the clearing, or an earlier `i`, as `i` only grows.
+    let mut i = 1;
     while i + 4 <= n {
         // SAFETY: i + 4 <= n, the loop's condition.
         let v = unsafe { read_u32(src, i) };
-        // The first instruction must be a literal run (the decoder reads a
-        // first byte above 17 as one), so zero runs start at position 1.
-        if rle && v == 0 && i > 0 {
+        if RLE && v == 0 {
             let run =
                 MIN_ZERO_RUN + zero_length(src, i + MIN_ZERO_RUN, MAX_ZERO_RUN - MIN_ZERO_RUN);
             out.literals(src, literal_start, i)?;
@@ -363,19 +397,23 @@ pub fn compress(
             continue;
         }
         let slot = &mut slots[hash(v)];
-        // The latest position with these low 16 bits (0: the entry is this
-        // position's own). Never before the input's start, as the table was
-        // cleared and `i` only grows; checked all the same, as the read
-        // below depends on it.
-        let distance = (i as u16).wrapping_sub(*slot) as usize;
+        let candidate = if WIDE {
+            let distance = (i as u16).wrapping_sub(*slot) as usize;
+            // One compare for 0 < distance <= min(max_distance, i).
+            (distance.wrapping_sub(1) < max_distance.min(i)).then(|| i - distance)
+        } else {
+            // A whole position (n <= 65536), before `i` (see above).
+            debug_assert!((*slot as usize) < i);
+            Some(*slot as usize)
+        };
         *slot = i as u16;
-        if distance != 0 && distance <= max_distance && distance <= i {
-            let c = i - distance;
-            // SAFETY: 0 <= c < i, and i + 4 <= n.
-            if unsafe { read_u32(src, c) } == v {
+        if let Some(c) = candidate {
+            // SAFETY: c < i (above), and i + 4 <= n.
+            if unsafe { read_u32(src, c) } == v && (WIDE || i - c <= max_distance) {
+                let distance = i - c;
                 // SAFETY: c + 4 < i + 4 <= n.
                 let mut len = 4 + unsafe { common_length(src, c + 4, i + 4) };
-                if rle {
+                if RLE {
                     len = avoid_rle_ambiguity(distance, len);
                 }
                 out.literals(src, literal_start, i)?;
