@@ -180,7 +180,7 @@ pub struct RuntimeArgs {
     /// How a folio's pages are stored: page (one object per page, as the
     /// kernel does), folio (the folio as one object), or byn:N (the folio as
     /// a by_n frame of N segments, decompressed in parallel on the engines).
-    #[arg(long, env = "USWAP_LAYOUT", default_value = "page", value_parser = layout)]
+    #[arg(long, env = "USWAP_LAYOUT", default_value = "folio", value_parser = layout)]
     pub layout: Layout,
     /// What a folio brought back for a read does with its stored copy: keep
     /// (the default: its pages write-protected; evicted again unwritten, it

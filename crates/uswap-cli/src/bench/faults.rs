@@ -74,7 +74,7 @@ pub struct Args {
     slot_free: Vec<FreeMode>,
     /// How the store keeps a folio's pages (page, folio, byn:N); several
     /// are measured side by side.
-    #[arg(long, default_value = "page", value_parser = args::layout, value_delimiter = ',')]
+    #[arg(long, default_value = "folio", value_parser = args::layout, value_delimiter = ',')]
     layout: Vec<Layout>,
     /// What a folio read back does with its stored copy (keep, drop);
     /// both measured side by side when both are given.

@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long, default_value = "auto,0,1,2", value_parser = args::engines, value_delimiter = ',')]
     engines: Vec<Engines>,
     /// Store layouts (page, folio, byn:N).
-    #[arg(long, default_value = "page", value_parser = args::layout, value_delimiter = ',')]
+    #[arg(long, default_value = "folio", value_parser = args::layout, value_delimiter = ',')]
     layout: Vec<Layout>,
     /// Runs of each configuration.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
