@@ -28,6 +28,15 @@ pub fn eventfd_signal(fd: &OwnedFd) {
     unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
+/// Resets eventfd `fd` (made by [`eventfd`], non-blocking) to unreadable.
+/// A read that finds it unreadable already, another reader having taken
+/// it, fails with EAGAIN, which is the same outcome.
+pub fn eventfd_take(fd: &OwnedFd) {
+    let mut count = 0u64;
+    // SAFETY: an 8-byte read into a live u64 from an open descriptor.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+}
+
 /// Maps `len` bytes of private anonymous memory, read-write, reserving no
 /// swap (the pages are only charged when touched).
 pub(crate) fn map_anonymous(len: usize) -> io::Result<NonNull<u8>> {

@@ -3009,6 +3009,56 @@ fn a_clean_folio_whose_protection_was_lost_is_stored_anew() {
     });
 }
 
+/// Found under `uswap run` with a shell starting `gcc -v` 300 times: one
+/// process in four or so waited 25-50 ms at its first fault. The event
+/// readers sleep in poll on the descriptors of the spaces there were when
+/// they went to sleep; a process attached meanwhile had its faults read
+/// only once a reader's poll timed out (then 50 ms) or another space's
+/// event woke one. An attach now wakes them. Here the timeout is an hour,
+/// so a fault left to it outlasts the test.
+#[test]
+fn a_process_attached_while_the_readers_sleep_is_served_at_its_first_fault() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    within(Duration::from_secs(60), || {
+        let rt = Runtime::new(RuntimeConfig {
+            memory_high: MIB,
+            folio_size: FOLIO,
+            event_poll_timeout: Duration::from_secs(3600),
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        // SAFETY: plain system calls; the descriptor is owned from here.
+        let uffd = unsafe {
+            OwnedFd::from_raw_fd(libc::syscall(
+                libc::SYS_userfaultfd,
+                libc::O_CLOEXEC | libc::O_NONBLOCK,
+            ) as i32)
+        };
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let attached = rt.attach(uffd, pid, None, Box::new(DropsInPlace)).unwrap();
+        let len = 4 * FOLIO;
+        let base = folio_aligned_mapping(len);
+        attached.manage(base, len).unwrap();
+        for addr in (base..base + len).step_by(8) {
+            // SAFETY: inside the managed mapping; each first touch faults.
+            unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+        }
+        let wrong = (base..base + len)
+            .step_by(8)
+            // SAFETY: inside the managed mapping.
+            .filter(|&a| unsafe { std::ptr::read_volatile(a as *const u64) } != expect(base, a))
+            .count();
+        assert_eq!(wrong, 0);
+        assert!(
+            rt.stats().faults > 0,
+            "no fault was served: {:?}",
+            rt.stats()
+        );
+        drop(attached);
+    });
+}
+
 /// A dropper for an attached process that drops in place (MADV_DONTNEED)
 /// and moves nothing.
 struct DropsInPlace;

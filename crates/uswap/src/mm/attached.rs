@@ -78,6 +78,7 @@ impl Runtime {
             .write()
             .expect("spaces lock")
             .push(space.clone());
+        shared.announce_space();
         Ok(Attached {
             shared: shared.clone(),
             space,

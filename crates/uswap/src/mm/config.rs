@@ -70,6 +70,11 @@ pub struct RuntimeConfig {
     /// async --event-spin-us 0,50` gave 4K no-pressure p50 18 us against
     /// 51 us, 92K against 33K pages/s, 64K unchanged.
     pub event_spin: Duration,
+    /// The longest an event reader sleeps in poll with nothing to read:
+    /// how often, at least, the event thread looks for children that
+    /// exited. Nothing else waits for it: a process attached meanwhile
+    /// wakes the readers (`Shared::announce_space`).
+    pub event_poll_timeout: Duration,
     /// Which threads read the userfaultfds (see [`EventReaders`]).
     pub event_readers: EventReaders,
     /// Serve forked children (UFFD_FEATURE_EVENT_FORK, which needs
@@ -135,6 +140,7 @@ impl Default for RuntimeConfig {
             handoff_pages: 2,
             plug_timeout: Duration::from_millis(1),
             event_spin: Duration::from_micros(50),
+            event_poll_timeout: Duration::from_millis(50),
             event_readers: EventReaders::PerCpu,
             serve_forks: true,
             discard_by_move: true,

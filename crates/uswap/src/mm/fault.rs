@@ -68,8 +68,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-const POLL_TIMEOUT_MS: i32 = 50;
-
 /// How long a reader sleeps in poll once the runtime is ending. The wake-up
 /// (`Shared::wake_readers`) has woken every reader then, and stays out of
 /// later polls: left in, it would keep them from sleeping at all while the
@@ -78,12 +76,17 @@ const POLL_TIMEOUT_MS: i32 = 50;
 /// others gone within this.
 const ENDING_POLL_MS: i32 = 1;
 
-/// The poll timeout while the runtime runs, or once it is ending.
+/// The poll timeout while the runtime runs
+/// (`RuntimeConfig::event_poll_timeout`), or once it is ending.
 fn poll_timeout(shared: &Shared) -> i32 {
     if shared.shutdown.load(Ordering::Acquire) {
         ENDING_POLL_MS
     } else {
-        POLL_TIMEOUT_MS
+        shared
+            .config
+            .event_poll_timeout
+            .as_millis()
+            .clamp(1, i32::MAX as u128) as i32
     }
 }
 
@@ -413,7 +416,7 @@ impl EventThread<'_> {
                     let mut all = shared.spaces.write().expect("spaces lock");
                     all.push(child);
                     self.pollfds
-                        .reserve((all.len() + 1).saturating_sub(self.pollfds.len()));
+                        .reserve((all.len() + WAKE_UP_ENTRIES).saturating_sub(self.pollfds.len()));
                 }
             }
         }
@@ -824,7 +827,7 @@ fn read_and_serve(
     }
 }
 
-/// Sleeps in poll (for at most [`POLL_TIMEOUT_MS`]) until some live space
+/// Sleeps in poll (for at most `RuntimeConfig::event_poll_timeout`) until some live space
 /// not held has an event pending, and returns whether some space is held.
 /// It does not sleep where one is, nor where `pollfds` would have to grow
 /// and the gate is not to be had (see [`read_and_serve`]).
@@ -840,37 +843,62 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
     drop(spaces);
     if !held {
         // SAFETY: `pollfds` is a valid array of its length for the call.
-        unsafe {
+        let ready = unsafe {
             libc::poll(
                 pollfds.as_mut_ptr(),
                 pollfds.len() as libc::nfds_t,
                 poll_timeout(shared),
             )
         };
+        if ready > 0 {
+            take_space_announcement(shared, pollfds);
+        }
     }
     held
 }
 
-/// Makes room in `pollfds` for `spaces` entries and the runtime's wake-up
-/// (`Shared::wake_readers`) where it may, and returns how many spaces fit.
+/// Entries of a reader's poll list past its spaces': the announcement of
+/// a new space (`Shared::spaces_added`) and the runtime's end
+/// (`Shared::wake_readers`).
+const WAKE_UP_ENTRIES: usize = 2;
+
+/// Reads the announcement of a new space if `pollfds`, just polled, found
+/// it readable, so that the next poll sleeps again. One reader taking it is
+/// enough: whoever reads events next (the role's holder) reads every space
+/// there is, and sleeps on all of them.
+fn take_space_announcement(shared: &Shared, pollfds: &[libc::pollfd]) {
+    let fd = shared.spaces_added.as_raw_fd();
+    let announced = pollfds
+        .iter()
+        .rev()
+        .take(WAKE_UP_ENTRIES)
+        .any(|p| p.fd == fd && p.revents & libc::POLLIN != 0);
+    if announced {
+        crate::sys::eventfd_take(&shared.spaces_added);
+    }
+}
+
+/// Makes room in `pollfds` for `spaces` entries and the wake-ups
+/// ([`WAKE_UP_ENTRIES`]) where it may, and returns how many spaces fit.
 /// Growing allocates, and an allocation may wait for malloc's locks, which
 /// a thread of this process that forks holds until the role's holder has
 /// read its fork's event: only the gate's read side (whose write side that
 /// fork's prepare handler holds meanwhile) makes it safe.
 fn room_in_poll_list(shared: &Shared, pollfds: &mut Vec<libc::pollfd>, spaces: usize) -> usize {
-    if spaces + 1 > pollfds.capacity() {
+    if spaces + WAKE_UP_ENTRIES > pollfds.capacity() {
         if let Ok(_gate) = shared.gate.try_read() {
             pollfds.clear();
-            pollfds.reserve(spaces + 1);
+            pollfds.reserve(spaces + WAKE_UP_ENTRIES);
         }
     }
-    spaces.min(pollfds.capacity().saturating_sub(1))
+    spaces.min(pollfds.capacity().saturating_sub(WAKE_UP_ENTRIES))
 }
 
 /// Fills `pollfds` with one entry per space of `spaces`, those `held` says
 /// are held left out (their pending events would wake the poll at once),
-/// then the runtime's wake-up until the runtime is ending (see
-/// [`ENDING_POLL_MS`]); returns whether any space was held. Callers make
+/// then the announcement of a new space, then the runtime's wake-up until
+/// the runtime is ending (see [`ENDING_POLL_MS`]); returns whether any
+/// space was held. Callers make
 /// room first ([`room_in_poll_list`]), so that it never grows `pollfds`.
 fn fill_poll_list(
     shared: &Shared,
@@ -889,6 +917,11 @@ fn fill_poll_list(
             revents: 0,
         }
     }));
+    pollfds.push(libc::pollfd {
+        fd: shared.spaces_added.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
     if !shared.shutdown.load(Ordering::Acquire) {
         pollfds.push(libc::pollfd {
             fd: shared.wake_readers.as_raw_fd(),
@@ -911,7 +944,7 @@ unsafe impl Send for Role<'_> {}
 
 impl EventThread<'_> {
     /// One round of service: now and then a look for children that exited,
-    /// then a look for events (a wait of at most [`POLL_TIMEOUT_MS`] if
+    /// then a look for events (a wait of at most the poll timeout if
     /// `sleep`, and nothing is spinning or held), which are read and
     /// applied, then the follow-up installs and the faults read. Returns
     /// whether to turn again at once: something was read or served, the
@@ -983,6 +1016,7 @@ impl EventThread<'_> {
                 }
                 return spinning || held;
             }
+            take_space_announcement(shared, pollfds);
             self.read_pending();
             self.last_event = Instant::now();
         }

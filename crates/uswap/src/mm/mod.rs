@@ -294,9 +294,16 @@ pub(crate) struct Shared {
     pub shutdown: AtomicBool,
     /// An eventfd in every poll of the event readers until `shutdown` is
     /// set, and readable from then on: a reader asleep in poll then wakes
-    /// at once rather than at its timeout (`fault::POLL_TIMEOUT_MS`), which
+    /// at once rather than at its timeout (`RuntimeConfig::event_poll_timeout`), which
     /// every runtime's end paid, as the event thread ends last.
     pub wake_readers: OwnedFd,
+    /// An eventfd in every poll of the event readers, made readable when a
+    /// space is attached from outside them ([`Shared::announce_space`]):
+    /// a reader asleep in poll watches only the spaces there were when it
+    /// went to sleep, and a new process's faults would otherwise wait for
+    /// its timeout. Spaces of forked children need none: the event thread,
+    /// which reads their fork, reads them from then on.
+    pub spaces_added: OwnedFd,
     /// The program is forking (see [`fork`]).
     pub fork_pending: AtomicBool,
     /// The event thread has read events while the program forked and not
@@ -432,6 +439,7 @@ impl Runtime {
             None
         };
         let wake_readers = crate::sys::eventfd()?;
+        let spaces_added = crate::sys::eventfd()?;
         let shared = Arc::new(Shared {
             store,
             gate: RwLock::new(()),
@@ -492,6 +500,7 @@ impl Runtime {
             beacon_hits: Mutex::new(std::collections::HashMap::new()),
             shutdown: AtomicBool::new(false),
             wake_readers,
+            spaces_added,
             fork_pending: AtomicBool::new(false),
             unapplied: AtomicBool::new(false),
             forked_copy: AtomicBool::new(false),
@@ -1233,6 +1242,12 @@ impl Shared {
     /// A fresh address space id.
     pub fn next_space_id(&self) -> u32 {
         self.next_space.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Wakes the event readers to watch a space just added to `spaces` by
+    /// a thread that is not one of them (see [`Shared::spaces_added`]).
+    pub fn announce_space(&self) {
+        crate::sys::eventfd_signal(&self.spaces_added);
     }
 
     /// Wakes the reclaimer.
