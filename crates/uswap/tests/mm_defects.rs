@@ -1880,17 +1880,22 @@ fn drop_here(start: usize, len: usize) -> Result<(), uswap::mm::memory::DropErro
 fn attached_self(
     dropper: Box<dyn uswap::mm::memory::DropPages>,
 ) -> (Runtime, uswap::mm::Attached, usize, usize) {
-    use std::os::fd::{FromRawFd, OwnedFd};
     let rt = attached_runtime();
-    // SAFETY: plain system calls; the descriptor is owned from here.
-    let uffd = unsafe {
-        OwnedFd::from_raw_fd(libc::syscall(
-            libc::SYS_userfaultfd,
-            libc::O_CLOEXEC | libc::O_NONBLOCK,
-        ) as i32)
-    };
-    let (attached, base, len) = attach_filled(&rt, uffd, dropper);
+    let (attached, base, len) = attach_filled(&rt, new_userfaultfd(), dropper);
     (rt, attached, base, len)
+}
+
+/// A new userfaultfd of this process, not yet negotiated, as an agent
+/// hands it over.
+fn new_userfaultfd() -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain system call; the descriptor, checked, is owned from
+    // here.
+    unsafe {
+        let raw = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK);
+        assert!(raw >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+        std::os::fd::OwnedFd::from_raw_fd(raw as i32)
+    }
 }
 
 /// The runtime the tests of an attached process use: 1 MiB limit, 64 KiB
@@ -3018,7 +3023,6 @@ fn a_clean_folio_whose_protection_was_lost_is_stored_anew() {
 /// so a fault left to it outlasts the test.
 #[test]
 fn a_process_attached_while_the_readers_sleep_is_served_at_its_first_fault() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     within(Duration::from_secs(60), || {
         let rt = Runtime::new(RuntimeConfig {
             memory_high: MIB,
@@ -3027,16 +3031,11 @@ fn a_process_attached_while_the_readers_sleep_is_served_at_its_first_fault() {
             ..RuntimeConfig::default()
         })
         .unwrap();
-        // SAFETY: plain system calls; the descriptor is owned from here.
-        let uffd = unsafe {
-            OwnedFd::from_raw_fd(libc::syscall(
-                libc::SYS_userfaultfd,
-                libc::O_CLOEXEC | libc::O_NONBLOCK,
-            ) as i32)
-        };
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        let attached = rt.attach(uffd, pid, None, Box::new(DropsInPlace)).unwrap();
+        let attached = rt
+            .attach(new_userfaultfd(), pid, None, Box::new(DropsInPlace))
+            .unwrap();
         let len = 4 * FOLIO;
         let base = folio_aligned_mapping(len);
         attached.manage(base, len).unwrap();
