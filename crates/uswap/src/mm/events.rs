@@ -864,7 +864,11 @@ pub(crate) fn on_fork(
         Vec::new()
     };
     for &(lo, hi, advice) in &advice {
-        if space.overlapping(lo, hi).is_empty() {
+        // Pages a move carried out of their region may lie outside every
+        // region, still to be installed where they went: the advice over
+        // them counts as much (passed over, a wiped range got the pages'
+        // stored bytes in the child).
+        if space.overlapping(lo, hi).is_empty() && !space.awaits_moved_pages(lo, hi) {
             continue;
         }
         match advice {
