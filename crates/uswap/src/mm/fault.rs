@@ -827,8 +827,9 @@ fn read_and_serve(
     }
 }
 
-/// Sleeps in poll (for at most `RuntimeConfig::event_poll_timeout`) until some live space
-/// not held has an event pending, and returns whether some space is held.
+/// Sleeps in poll (for at most `RuntimeConfig::event_poll_timeout`) until
+/// some live space not held has an event pending, and returns whether some
+/// space is held.
 /// It does not sleep where one is, nor where `pollfds` would have to grow
 /// and the gate is not to be had (see [`read_and_serve`]).
 fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
@@ -898,8 +899,8 @@ fn room_in_poll_list(shared: &Shared, pollfds: &mut Vec<libc::pollfd>, spaces: u
 /// are held left out (their pending events would wake the poll at once),
 /// then the announcement of a new space, then the runtime's wake-up until
 /// the runtime is ending (see [`ENDING_POLL_MS`]); returns whether any
-/// space was held. Callers make
-/// room first ([`room_in_poll_list`]), so that it never grows `pollfds`.
+/// space was held. Callers make room first ([`room_in_poll_list`]), so
+/// that it never grows `pollfds`.
 fn fill_poll_list(
     shared: &Shared,
     pollfds: &mut Vec<libc::pollfd>,

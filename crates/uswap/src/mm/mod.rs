@@ -294,8 +294,9 @@ pub(crate) struct Shared {
     pub shutdown: AtomicBool,
     /// An eventfd in every poll of the event readers until `shutdown` is
     /// set, and readable from then on: a reader asleep in poll then wakes
-    /// at once rather than at its timeout (`RuntimeConfig::event_poll_timeout`), which
-    /// every runtime's end paid, as the event thread ends last.
+    /// at once rather than at its timeout
+    /// (`RuntimeConfig::event_poll_timeout`), which every runtime's end
+    /// paid, as the event thread ends last.
     pub wake_readers: OwnedFd,
     /// An eventfd in every poll of the event readers, made readable when a
     /// space is attached from outside them ([`Shared::announce_space`]):
