@@ -1476,54 +1476,11 @@ fn reservation_and_report(pages: usize) -> (usize, *mut u64) {
 #[test]
 fn a_child_forked_before_the_pages_of_a_region_moved_whole_are_installed_reads_them() {
     in_own_process(this_test!(), Duration::from_secs(60), || {
-        let (rt, _region, base, len) = filled_region(PAGE, 4, true);
-        // At most one page stays in memory: the move carries stored ones.
-        rt.set_memory_high(PAGE);
-        evict_to_limit(&rt);
-        let (target, report) = reservation_and_report(3);
+        let (rt, _region, base, len) = four_stored_pages();
         // SAFETY: the region's first page, which nothing touches any more.
         assert_eq!(unsafe { libc::munmap(base as *mut _, PAGE) }, 0);
-        rt.hold_next_follow_ups();
-        let moved = len - PAGE;
-        // The mremap returns once its last event (the unmap of where the
-        // pages were, after the move's) is read, after the held follow-ups.
-        let mover = std::thread::spawn(move || {
-            // SAFETY: the rest of our own region onto our reservation.
-            unsafe { move_pages_onto(base + PAGE, moved, target) };
-        });
-        assert!(rt.wait_follow_ups_held(), "the move called for no install");
-        // The event thread goes on once the fork is under way, and reads
-        // its event, after the fork has copied the page tables, before the
-        // follow-ups.
-        rt.release_follow_ups();
-        // SAFETY: the child only reads the moved pages into the shared
-        // report page and ends at once.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            // SAFETY: as above.
-            unsafe {
-                for page in 0..moved / PAGE {
-                    *report.add(page) =
-                        std::ptr::read_volatile((target + page * PAGE) as *const u64);
-                }
-                libc::_exit(0);
-            }
-        }
-        mover.join().unwrap();
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        for page in 0..moved / PAGE {
+        for (page, (parent, child)) in fork_before_moved_pages_go_in(&rt, base, len) {
             let want = expect(base, base + (page + 1) * PAGE);
-            // SAFETY: the moved page, ours; the report, written by the child
-            // that has exited.
-            let (parent, child) = unsafe {
-                (
-                    std::ptr::read_volatile((target + page * PAGE) as *const u64),
-                    *report.add(page),
-                )
-            };
             assert_eq!(parent, want, "the parent's moved page {page}");
             assert_eq!(child, want, "the child's moved page {page}");
         }
@@ -1541,60 +1498,83 @@ fn a_child_forked_before_the_pages_of_a_region_moved_whole_are_installed_reads_t
 #[test]
 fn a_page_moved_out_of_its_region_into_wiped_memory_reads_as_zero_in_a_child() {
     in_own_process(this_test!(), Duration::from_secs(60), || {
-        let (rt, _region, base, len) = filled_region(PAGE, 4, true);
-        // At most one page stays in memory: the move carries stored ones.
-        rt.set_memory_high(PAGE);
-        evict_to_limit(&rt);
-        let (target, report) = reservation_and_report(3);
-        let moved = len - PAGE;
-        // The flag goes with the mapping the move carries.
+        let (rt, _region, base, len) = four_stored_pages();
+        // The flag goes with the mapping the move carries; the region's
+        // first page stays, so the moved ones leave it.
         // SAFETY: pages of our own region.
         let advised =
-            unsafe { libc::madvise((base + PAGE) as *mut _, moved, libc::MADV_WIPEONFORK) };
+            unsafe { libc::madvise((base + PAGE) as *mut _, len - PAGE, libc::MADV_WIPEONFORK) };
         assert_eq!(advised, 0);
-        rt.hold_next_follow_ups();
-        let mover = std::thread::spawn(move || {
-            // SAFETY: the region's last pages onto our reservation, out of
-            // the region (its first page stays).
-            unsafe { move_pages_onto(base + PAGE, moved, target) };
-        });
-        assert!(rt.wait_follow_ups_held(), "the move called for no install");
-        // The event thread goes on once the fork is under way, and reads
-        // its event, after the fork has copied the page tables, before the
-        // follow-ups: the child's view has the pages still to install.
-        rt.release_follow_ups();
-        // SAFETY: the child only reads the moved pages into the shared
-        // report page and ends at once.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            // SAFETY: as above.
-            unsafe {
-                for page in 0..moved / PAGE {
-                    *report.add(page) =
-                        std::ptr::read_volatile((target + page * PAGE) as *const u64);
-                }
-                libc::_exit(0);
-            }
-        }
-        mover.join().unwrap();
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        for page in 0..moved / PAGE {
+        for (page, (parent, child)) in fork_before_moved_pages_go_in(&rt, base, len) {
             let want = expect(base, base + (page + 1) * PAGE);
-            // SAFETY: the moved page, ours; the report, written by the child
-            // that has exited.
-            let (parent, child) = unsafe {
-                (
-                    std::ptr::read_volatile((target + page * PAGE) as *const u64),
-                    *report.add(page),
-                )
-            };
             assert_eq!(parent, want, "the parent's moved page {page}");
             assert_eq!(child, 0, "the child's wiped page {page}");
         }
     });
+}
+
+/// A region of four 4 KiB folios filled with the pattern, all but one
+/// page of it stored (the limit is one page): (runtime, region, base,
+/// length).
+fn four_stored_pages() -> (Runtime, uswap::mm::Region, usize, usize) {
+    let (rt, region, base, len) = filled_region(PAGE, 4, true);
+    rt.set_memory_high(PAGE);
+    evict_to_limit(&rt);
+    (rt, region, base, len)
+}
+
+/// Moves all but the first page of `base..base + len` (stored pages) onto
+/// a reservation, and forks once the move's event is read but before the
+/// event thread installs the pages where they went (its follow-ups, held);
+/// the child reads the moved pages. Returns, per moved page, the first word
+/// the parent and the child read there.
+fn fork_before_moved_pages_go_in(
+    rt: &Runtime,
+    base: usize,
+    len: usize,
+) -> impl Iterator<Item = (usize, (u64, u64))> {
+    let (target, report) = reservation_and_report(3);
+    let moved = len - PAGE;
+    rt.hold_next_follow_ups();
+    // The mremap returns once its last event (the unmap of where the pages
+    // were, after the move's) is read, after the held follow-ups.
+    let mover = std::thread::spawn(move || {
+        // SAFETY: the rest of our own region onto our reservation.
+        unsafe { move_pages_onto(base + PAGE, moved, target) };
+    });
+    assert!(rt.wait_follow_ups_held(), "the move called for no install");
+    // The event thread goes on once the fork is under way, and reads its
+    // event, after the fork has copied the page tables, before the
+    // follow-ups.
+    rt.release_follow_ups();
+    // SAFETY: the child only reads the moved pages into the shared report
+    // page and ends at once.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            for page in 0..moved / PAGE {
+                *report.add(page) = std::ptr::read_volatile((target + page * PAGE) as *const u64);
+            }
+            libc::_exit(0);
+        }
+    }
+    mover.join().unwrap();
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    (0..moved / PAGE).map(move |page| {
+        // SAFETY: the moved page, ours; the report, written by the child
+        // that has exited.
+        let read = unsafe {
+            (
+                std::ptr::read_volatile((target + page * PAGE) as *const u64),
+                *report.add(page),
+            )
+        };
+        (page, read)
+    })
 }
 
 /// A program thread unmaps memory that the reclaimer has stored and checked
