@@ -327,22 +327,12 @@ pub fn compress(
 ) -> Option<usize> {
     // One parse loop per bitstream and per dictionary form, each with its
     // constants folded in.
-    match version {
-        Version::Lzo1x => compress_version::<false>(src, dst, table),
-        Version::Rle => compress_version::<true>(src, dst, table),
-    }
-}
-
-/// [`compress`] for plain LZO1X-1 (`RLE` false) or lzo-rle (`RLE` true).
-fn compress_version<const RLE: bool>(
-    src: &[u8],
-    dst: &mut [u8],
-    table: &mut LzoTable,
-) -> Option<usize> {
-    if src.len() <= 1 << 16 {
-        parse::<RLE, false>(src, dst, table)
-    } else {
-        parse::<RLE, true>(src, dst, table)
+    let wide = src.len() > 1 << 16;
+    match (version, wide) {
+        (Version::Lzo1x, false) => parse::<false, false>(src, dst, table),
+        (Version::Lzo1x, true) => parse::<false, true>(src, dst, table),
+        (Version::Rle, false) => parse::<true, false>(src, dst, table),
+        (Version::Rle, true) => parse::<true, true>(src, dst, table),
     }
 }
 
