@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use uswap::codec;
+use uswap::mm::BatchSize;
 use uswap::size::parse_size;
 use uswap::zswap::Layout;
 
@@ -135,9 +136,10 @@ pub struct RuntimeArgs {
     /// Codec by kernel name (lz4, lzo, lzo-rle, zstd, deflate, canned).
     #[arg(long, env = "USWAP_COMPRESSOR", default_value = "lz4", value_parser = codec_name)]
     pub compressor: String,
-    /// Folios per reclaim batch (1..32).
-    #[arg(long, env = "USWAP_COMPRESS_BATCHSIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
-    pub compress_batchsize: u32,
+    /// Folios per reclaim batch (1..32), or auto: more under a larger
+    /// limit, 1/256 of it from 8 to 32 folios (see `BatchSize`).
+    #[arg(long, env = "USWAP_COMPRESS_BATCHSIZE", default_value = "auto", value_parser = batch_size)]
+    pub compress_batchsize: BatchSize,
     /// Readahead of 2^N folios.
     #[arg(long, env = "USWAP_PAGE_CLUSTER", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=9))]
     pub page_cluster: u32,
@@ -288,8 +290,11 @@ impl Engines {
             return n;
         };
         // A busy moment can make one probe lose: the engines go only if
-        // three in a row say so.
-        let pages = plug_pages.clamp(16, 256);
+        // three in a row say so. Every `uswap run` pays the probe before
+        // its program starts, so it measures at most 128 pages (a plug of
+        // 8 64K folios): 256, as auto's larger plugs would ask, made
+        // `uswap run -- true` take 35-37 ms against 25-28.
+        let pages = plug_pages.clamp(16, 128);
         let lost = (0..3).all(|_| {
             uswap::accel::probe::batching(n, codec.as_ref(), pages)
                 .is_ok_and(|probe| probe.ratio() > BATCHING_PAYS_BELOW)
@@ -344,6 +349,20 @@ pub fn engines(text: &str) -> Result<Engines, String> {
     }
 }
 
+/// Parses `--compress-batchsize`: `auto` or 1..=32 folios.
+pub fn batch_size(text: &str) -> Result<BatchSize, String> {
+    if text == "auto" {
+        return Ok(BatchSize::Auto);
+    }
+    match text.parse::<usize>() {
+        Ok(n) if (1..=BatchSize::MAX).contains(&n) => Ok(BatchSize::Fixed(n)),
+        _ => Err(format!(
+            "{text:?} is neither auto nor a number of folios (1..{})",
+            BatchSize::MAX
+        )),
+    }
+}
+
 /// The CPUs this process may run on.
 pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -393,22 +412,16 @@ impl RuntimeArgs {
 
     /// The runtime configuration, with `share` of the memory limit.
     pub fn config(&self, share: usize) -> uswap::mm::RuntimeConfig {
-        uswap::mm::RuntimeConfig {
+        let mut config = uswap::mm::RuntimeConfig {
             memory_high: (self.memory_high as usize / share.max(1)).max(self.folio_size),
             folio_size: self.folio_size,
             compressor: self.compressor.clone(),
-            compress_batchsize: self.compress_batchsize as usize,
+            compress_batchsize: self.compress_batchsize,
             page_cluster: self.page_cluster,
             zero_fill_ahead: self.zero_fill_ahead,
             handoff_pages: self.handoff_pages as usize,
             max_pool_percent: self.max_pool_percent,
             accept_threshold_percent: self.accept_threshold_percent,
-            engines: self.engines.choose(
-                share,
-                cpus(),
-                &self.compressor,
-                self.compress_batchsize as usize * self.folio_size / 4096,
-            ),
             swap_file: self.swap_dir.clone().map(|d| (d, self.swap_size)),
             slot_free: self.slot_free,
             discard_by_move: self.discard == Discard::Move,
@@ -419,7 +432,12 @@ impl RuntimeArgs {
                 Readers::One => uswap::mm::EventReaders::One,
             },
             ..uswap::mm::RuntimeConfig::default()
-        }
+        };
+        let plug_pages = config.plug_folios(config.memory_high) * config.folio_size / 4096;
+        config.engines = self
+            .engines
+            .choose(share, cpus(), &self.compressor, plug_pages);
+        config
     }
 }
 
@@ -484,5 +502,15 @@ mod tests {
         assert_eq!(engines("auto"), Ok(Engines::Auto));
         assert_eq!(engines("0"), Ok(Engines::Fixed(0)));
         assert!(engines("65").is_err() && engines("two").is_err());
+    }
+
+    #[test]
+    fn batch_size_takes_auto_or_1_to_32_folios() {
+        assert_eq!(batch_size("auto"), Ok(BatchSize::Auto));
+        assert_eq!(batch_size("1"), Ok(BatchSize::Fixed(1)));
+        assert_eq!(batch_size("32"), Ok(BatchSize::Fixed(32)));
+        for bad in ["0", "33", "-1", "eight", ""] {
+            assert!(batch_size(bad).is_err(), "{bad:?} taken");
+        }
     }
 }

@@ -61,7 +61,7 @@ struct Report {
     memory_high: u64,
     folio_size: String,
     compressor: String,
-    compress_batchsize: u32,
+    compress_batchsize: String,
     engines: String,
     total_kbps: f64,
     average_kbps: f64,
@@ -347,7 +347,7 @@ pub fn run(args: &Args) -> Result<(), String> {
                 memory_high: args.runtime.memory_high,
                 folio_size: format_size(args.runtime.folio_size as u64),
                 compressor: args.runtime.compressor.clone(),
-                compress_batchsize: args.runtime.compress_batchsize,
+                compress_batchsize: args.runtime.compress_batchsize.to_string(),
                 engines: match chosen {
                     Some(n) => args.runtime.engines.describe_as(n),
                     None => args

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use uswap::mm::Runtime;
+use uswap::mm::{Runtime, RuntimeConfig};
 
 /// Threads own interleaved words (word i belongs to thread i % threads), so
 /// they share every folio; each keeps a model of its words. Thread t runs on
@@ -608,6 +608,36 @@ fn resident_memory_stays_under_the_limit_plus_slack() {
     assert!(rt.stats().throttled > 0 || rt.stats().evicted_folios > 0);
 }
 
+/// The default plug grows with the limit (`BatchSize::Auto`): 4K folios
+/// under 16 MiB are stored 32 to a batch, where a plug of the fixed 8
+/// never holds more than 8; and every byte comes back.
+#[test]
+fn the_default_plug_grows_with_the_limit() {
+    let high = 16 * MIB;
+    let rt = Runtime::new(RuntimeConfig {
+        memory_high: high,
+        folio_size: 4096,
+        max_pool_bytes: Some(64 << 20),
+        ..RuntimeConfig::default()
+    })
+    .expect("userfaultfd runtime");
+    assert_eq!(rt.config().plug_folios(high), 32);
+    let region = rt.map(4 * high).unwrap();
+    fill_and_evict(&rt, &region);
+    let s = rt.stats();
+    assert!(
+        s.evicted_folios > 12 * s.reclaim_batches,
+        "{} folios in {} batches",
+        s.evicted_folios,
+        s.reclaim_batches
+    );
+    let w = Words::of(&region);
+    for i in 0..w.count {
+        assert_eq!(w.read(i), i as u64 ^ 0x5555, "word {i}");
+    }
+    assert_eq!(rt.stats().store.decompress_fail, 0);
+}
+
 #[test]
 fn a_corrupt_stored_object_is_sigbus_for_the_faulting_thread() {
     if std::env::var("USWAP_SIGBUS_CHILD").is_ok() {
@@ -756,7 +786,7 @@ fn clean_case(keep: bool) {
         assert_eq!((s.clean_installs, s.clean_evictions), (0, 0));
         // A plug in flight when the counts were first taken may have been
         // stored before and counted evicted after.
-        let plug = (rt.config().compress_batchsize * fs / 4096) as u64;
+        let plug = (rt.config().plug_folios(rt.memory_high()) * fs / 4096) as u64;
         assert!(
             stored + plug >= pages,
             "{stored} pages stored for {pages} evicted"

@@ -68,7 +68,7 @@ mod swapin;
 pub mod uffd;
 
 pub use attached::{Attached, BEACON_SPAN};
-pub use config::{BadConfig, Builder, EventReaders, RuntimeConfig};
+pub use config::{BadConfig, BatchSize, Builder, EventReaders, RuntimeConfig};
 pub use counters::RuntimeStats;
 pub use latency::Latencies;
 pub use region::Region;

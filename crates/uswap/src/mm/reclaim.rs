@@ -12,8 +12,9 @@
 //! after its eviction (refault distance shorter than what fits in memory,
 //! the kernel's workingset test) is marked active and gets one more pass.
 //! Victims are collected in plugs, one per address space ([`Plug`]), of up
-//! to `compress_batchsize` folios (flushed when full, before a 2M folio,
-//! and after a short timeout). At a
+//! to `compress_batchsize` folios (by default more under a larger limit:
+//! `config::BatchSize`; flushed when full, before a 2M folio, and after a
+//! short timeout). At a
 //! flush they are write-protected, copied out in one `process_vm_readv`,
 //! stored with one `store_batch`, then discarded: moved out to a scratch
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
@@ -236,7 +237,7 @@ fn plug_victim(
         plug.since = Instant::now();
     }
     plug.victims.push(v);
-    if plug.victims.len() >= shared.config.compress_batchsize {
+    if plug.victims.len() >= shared.config.plug_folios(shared.memory_high()) {
         flush_and_pace(shared, &mut plug.victims, staging, pace);
         plugs.remove(k);
     }

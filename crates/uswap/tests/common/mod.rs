@@ -3,7 +3,7 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
-use uswap::mm::{Region, Runtime, RuntimeConfig};
+use uswap::mm::{BatchSize, Region, Runtime, RuntimeConfig};
 
 pub const MIB: usize = 1 << 20;
 
@@ -12,7 +12,7 @@ pub fn runtime(high: usize, folio: usize, batch: usize, swap_file: bool) -> Runt
     Runtime::new(RuntimeConfig {
         memory_high: high,
         folio_size: folio,
-        compress_batchsize: batch,
+        compress_batchsize: BatchSize::Fixed(batch),
         swap_file: swap_file.then(|| (std::env::temp_dir(), 256 << 20)),
         max_pool_bytes: Some(64 << 20),
         ..RuntimeConfig::default()
