@@ -410,10 +410,27 @@ impl RuntimeArgs {
         Ok(())
     }
 
+    /// The limit of each of `share` runtimes that share `--memory-high`.
+    pub fn memory_high_each(&self, share: usize) -> usize {
+        (self.memory_high as usize / share.max(1)).max(self.folio_size)
+    }
+
+    /// `--compress-batchsize` as given, and for auto what it chose for each
+    /// of `share` runtimes: `auto (32)`.
+    pub fn describe_batch(&self, share: usize) -> String {
+        match self.compress_batchsize {
+            BatchSize::Fixed(n) => n.to_string(),
+            BatchSize::Auto => format!(
+                "auto ({})",
+                BatchSize::for_limit(self.memory_high_each(share), self.folio_size)
+            ),
+        }
+    }
+
     /// The runtime configuration, with `share` of the memory limit.
     pub fn config(&self, share: usize) -> uswap::mm::RuntimeConfig {
         let mut config = uswap::mm::RuntimeConfig {
-            memory_high: (self.memory_high as usize / share.max(1)).max(self.folio_size),
+            memory_high: self.memory_high_each(share),
             folio_size: self.folio_size,
             compressor: self.compressor.clone(),
             compress_batchsize: self.compress_batchsize,

@@ -347,7 +347,11 @@ pub fn run(args: &Args) -> Result<(), String> {
                 memory_high: args.runtime.memory_high,
                 folio_size: format_size(args.runtime.folio_size as u64),
                 compressor: args.runtime.compressor.clone(),
-                compress_batchsize: args.runtime.compress_batchsize.to_string(),
+                compress_batchsize: args.runtime.describe_batch(if args.processes {
+                    args.tasks as usize
+                } else {
+                    1
+                }),
                 engines: match chosen {
                     Some(n) => args.runtime.engines.describe_as(n),
                     None => args

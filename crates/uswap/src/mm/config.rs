@@ -217,8 +217,8 @@ impl RuntimeConfig {
 /// write-protect call, copy-out, move (through the agent, for a process
 /// under `uswap run`) and engine wake-ups. So a large limit wants large
 /// plugs and a small one small plugs. Measured on a 2-CPU machine, auto
-/// (32 folios at these limits but the last) alternating with a fixed 8, 3
-/// pairs each:
+/// alternating with a fixed 8, 3 pairs each (auto gives 32 in the first
+/// two cases):
 /// - `uswap run --memory-high 1G ... touch usemem 1536 2` (64K folios):
 ///   1218-1245 against 1090-1133 MB/s; `uswap usemem 1536M -n 2
 ///   --memory-high 1G`: threads 1262-1301 against 1089-1103, processes
