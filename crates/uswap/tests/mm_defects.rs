@@ -1436,6 +1436,39 @@ fn a_child_forked_while_a_moved_page_waits_for_its_eviction_reads_it() {
     });
 }
 
+/// A folio whose discard took some of its pages and left the others in
+/// place (here a locked page, which cannot move or be dropped), and whose
+/// taken pages the program then moved elsewhere before the eviction
+/// finished. The finish counted the moved pages as holes, saw only the
+/// page still in place as the folio's own, took the eviction for a miss
+/// and voided the stored copy: the only copy of the pages that had left.
+/// They read as zeros where they went.
+#[test]
+fn pages_a_discard_took_and_the_program_then_moved_are_installed_where_they_went() {
+    in_own_process(this_test!(), Duration::from_secs(60), || {
+        let (rt, _region, base, _) = filled_region(2 * PAGE, 4, true);
+        // SAFETY: locking one page of our own region.
+        assert_eq!(unsafe { libc::mlock((base + PAGE) as *const _, PAGE) }, 0);
+        let (target, _report) = reservation_and_report(1);
+        rt.hold_next_finish();
+        rt.set_memory_high(2 * PAGE);
+        assert!(rt.wait_finish_held(), "no flush reached its finish");
+        // SAFETY: the folio's first page, ours, onto our reservation.
+        unsafe { move_pages_onto(base, PAGE, target) };
+        rt.release_finish();
+        rt.set_memory_high(16 * MIB);
+        // SAFETY: the moved page, ours now, and the locked one.
+        let (moved, stayed) = unsafe {
+            (
+                std::ptr::read_volatile(target as *const u64),
+                std::ptr::read_volatile((base + PAGE) as *const u64),
+            )
+        };
+        assert_eq!(stayed, expect(base, base + PAGE), "the locked page");
+        assert_eq!(moved, expect(base, base), "the moved page");
+    });
+}
+
 /// For the fork tests: a reservation of `pages` pages to move pages onto
 /// (its start; a page of it stays reserved on each side), and a shared page
 /// where a forked child writes what it read.

@@ -55,7 +55,7 @@ use super::folio::{
     UNTOUCHED,
 };
 use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN, STOPPED_RECHECK};
-use super::space::{RegionInner, Space};
+use super::space::{Extras, RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
 use super::{FolioRef, Shared};
@@ -1161,6 +1161,31 @@ struct Finished {
     gone: bool,
 }
 
+/// How many pages the program moved out of folio `i` during its eviction
+/// are not where they went: a move carries only the pages in place, so
+/// pages the discard took before it arrived there empty, and the stored
+/// copy is all there is of their bytes. (Pages it carried are in place
+/// there; pages dropped or unmapped there since have no destination.)
+fn moved_without_their_bytes(
+    space: &Space,
+    region: &RegionInner,
+    i: usize,
+    extras: &Extras,
+) -> usize {
+    let memory = space
+        .memory
+        .get()
+        .expect("an evicted space reaches its memory");
+    let at = region.folio_addr(i);
+    extras
+        .moved
+        .iter()
+        .flat_map(|&(lo, hi, _)| lo..hi)
+        .filter_map(|p| extras.destination(at, p))
+        .filter(|&to| memory.present_pages(to, PAGE_SIZE).is_empty())
+        .count()
+}
+
 /// Ends folio `i`'s eviction under the plug's settled gate, given the pages
 /// of it still in place (`present`, looked at only if it was stored):
 /// applies what the program did to it meanwhile, hands it to forked
@@ -1209,7 +1234,8 @@ fn finish_folio(
         let left = (0..pages)
             .filter(own)
             .filter(|&p| !present.contains(p))
-            .count();
+            .count()
+            + moved_without_their_bytes(space, region, i, &extras);
         if stayed > 0 {
             if left > 0 {
                 partly_lost = true;
