@@ -1221,8 +1221,10 @@ fn finish_folio(
     // stopped at a mapping locked meanwhile; an agent gone): the copy is all
     // there is of those, and the folio is brought back from it (pages
     // still in place are left as they are). Only the folio's own pages
-    // count: where the program unmapped, moved or dropped part of it, what
-    // is there now (new memory it mapped) is not the folio's.
+    // count at its address: where the program unmapped, moved or dropped
+    // part of it, what is there now (new memory it mapped) is not the
+    // folio's. Pages it moved count as gone where nothing is where they
+    // went ([`moved_without_their_bytes`]).
     let mut partly_lost = false;
     if let Some(range) = stored {
         let holes = extras.holes();
