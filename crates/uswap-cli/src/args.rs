@@ -418,12 +418,12 @@ impl RuntimeArgs {
     /// `--compress-batchsize` as given, and for auto what it chose for each
     /// of `share` runtimes: `auto (32)`.
     pub fn describe_batch(&self, share: usize) -> String {
+        let folios = self
+            .compress_batchsize
+            .folios(self.memory_high_each(share), self.folio_size);
         match self.compress_batchsize {
-            BatchSize::Fixed(n) => n.to_string(),
-            BatchSize::Auto => format!(
-                "auto ({})",
-                BatchSize::for_limit(self.memory_high_each(share), self.folio_size)
-            ),
+            BatchSize::Fixed(_) => folios.to_string(),
+            BatchSize::Auto => format!("auto ({folios})"),
         }
     }
 

@@ -173,10 +173,7 @@ impl RuntimeConfig {
     /// The folios a reclaim plug holds before its flush under a limit of
     /// `memory_high` (see [`BatchSize`]).
     pub fn plug_folios(&self, memory_high: usize) -> usize {
-        match self.compress_batchsize {
-            BatchSize::Fixed(n) => n.max(1),
-            BatchSize::Auto => BatchSize::for_limit(memory_high, self.folio_size),
-        }
+        self.compress_batchsize.folios(memory_high, self.folio_size)
     }
 
     /// Checks the knobs against each other.
@@ -245,6 +242,15 @@ impl BatchSize {
     /// streaming through memory (smaller plugs, so slower reclaim, so less
     /// room): usemem as above wrote 553-573 MB/s against 1118-1143.
     pub const AUTO_MIN: usize = 8;
+
+    /// The folios a plug holds under a limit of `memory_high`: the fixed
+    /// number, or auto's ([`BatchSize::for_limit`]).
+    pub fn folios(self, memory_high: usize, folio_size: usize) -> usize {
+        match self {
+            BatchSize::Fixed(n) => n.max(1),
+            BatchSize::Auto => BatchSize::for_limit(memory_high, folio_size),
+        }
+    }
 
     /// Auto's plug: as many folios as fill 1/256 of the limit (at least
     /// 256 KiB), from [`BatchSize::AUTO_MIN`] to [`BatchSize::MAX`]. With

@@ -1177,13 +1177,18 @@ fn moved_without_their_bytes(
         .get()
         .expect("an evicted space reaches its memory");
     let at = region.folio_addr(i);
+    // One look per run where it went; pages with no destination (dropped
+    // or unmapped there) are passed over.
     extras
         .moved
         .iter()
-        .flat_map(|&(lo, hi, _)| lo..hi)
-        .filter_map(|p| extras.destination(at, p))
-        .filter(|&to| memory.present_pages(to, PAGE_SIZE).is_empty())
-        .count()
+        .map(|&(lo, hi, to)| {
+            let there = memory.present_pages(to, (hi - lo) * PAGE_SIZE);
+            (lo..hi)
+                .filter(|&p| extras.destination(at, p).is_some() && !there.contains(p - lo))
+                .count()
+        })
+        .sum()
 }
 
 /// Ends folio `i`'s eviction under the plug's settled gate, given the pages
