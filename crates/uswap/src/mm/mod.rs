@@ -262,6 +262,13 @@ pub(crate) struct Shared {
     /// [`Runtime::hold_next_hole_fill`]).
     #[cfg(feature = "fault-injection")]
     pub hole_hold: Hold,
+    /// Tests: an install stops just before its copy to `slip_at`, while
+    /// armed, and once released takes the kernel's answer to a move that
+    /// slipped in (see [`Runtime::hold_next_install_at`]).
+    #[cfg(feature = "fault-injection")]
+    pub slip_hold: Hold,
+    #[cfg(feature = "fault-injection")]
+    pub slip_at: AtomicUsize,
     /// Tests: times the event thread found the gate held when it came to
     /// read (see [`Runtime::gate_waits`]).
     #[cfg(feature = "fault-injection")]
@@ -485,6 +492,10 @@ impl Runtime {
             lift_hold: Hold::new(),
             #[cfg(feature = "fault-injection")]
             hole_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            slip_hold: Hold::new(),
+            #[cfg(feature = "fault-injection")]
+            slip_at: AtomicUsize::new(0),
             #[cfg(feature = "fault-injection")]
             gate_waits: AtomicU64::new(0),
             room_turns: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -955,6 +966,31 @@ impl Runtime {
     #[cfg(feature = "fault-injection")]
     pub fn release_hole_fill(&self) {
         self.shared.hole_hold.release();
+    }
+
+    /// Tests: the next install of a page at `addr` stops just before its
+    /// copy, until [`Runtime::release_install`]; so a test can move the
+    /// page away meanwhile. The copy is then not made: the install takes
+    /// the answer the kernel gives when such a move slips in between its
+    /// look for changes in flight and its look-up of the mapping (ENOENT,
+    /// with the move's event unread), a window no test can hit on purpose.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_next_install_at(&self, addr: *const u8) {
+        self.shared.slip_at.store(addr as usize, Ordering::Release);
+        self.shared.slip_hold.arm();
+    }
+
+    /// Tests: waits (at most ten seconds) until an install is held before
+    /// its copy; false if none was.
+    #[cfg(feature = "fault-injection")]
+    pub fn wait_install_held(&self) -> bool {
+        self.shared.slip_hold.wait_held()
+    }
+
+    /// Tests: lets the held install go on.
+    #[cfg(feature = "fault-injection")]
+    pub fn release_install(&self) {
+        self.shared.slip_hold.release();
     }
 
     /// Tests: how many times the event thread found the event gate held

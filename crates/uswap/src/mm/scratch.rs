@@ -172,11 +172,10 @@ impl Scratch {
             let result = self.uffd.move_pages(self.base + at, start, len);
             let (moved, again, shared) = match result {
                 Ok(()) => (len, false, false),
-                // An event came in since the settled probe, or nothing is
+                // An event came in since the settled probe (or while
+                // this call looked: see `Uffd::no_mapping`), or nothing is
                 // mapped at the start: a hole the program unmapped (the
-                // probe passes over holes), perhaps with its event still
-                // unread (the kernel looks the mappings up before it looks
-                // for unread events).
+                // probe passes over holes).
                 Err(Partial {
                     filled: 0,
                     error: UffdError::Again | UffdError::NoMapping,

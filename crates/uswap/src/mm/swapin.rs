@@ -225,6 +225,10 @@ pub(crate) fn install(
             // installs, whose writers must find the folio settled.
             let waking = p == 0 && q == pages && dst == at && matches!(source, Source::Data(_));
             let filled = match source {
+                _ if slipped_in(shared, dst) => Err(Partial {
+                    filled: 0,
+                    error: space.uffd.no_mapping(),
+                }),
                 Source::Data(data) if waking => space.uffd.copy_waking(dst, data),
                 _ => fill(space, dst, p, q, source),
             };
@@ -321,6 +325,25 @@ pub(crate) fn install(
         wake.extend(extras.moved_ranges());
         return Installed::Done(Wake(wake));
     }
+}
+
+/// Tests: whether a test held the copy to `dst` and moved its page away
+/// meanwhile (see `Runtime::hold_next_install_at`): the copy is then not
+/// made, and the install takes the kernel's answer to such a move.
+#[cfg(feature = "fault-injection")]
+fn slipped_in(shared: &Shared, dst: usize) -> bool {
+    let mut held = false;
+    shared.slip_hold.stop_if_armed(|| {
+        held = shared.slip_at.load(Ordering::Acquire) == dst;
+        held
+    });
+    shared.slip_hold.over();
+    held
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn slipped_in(_: &Shared, _: usize) -> bool {
+    false
 }
 
 /// One fill ioctl of pages `p..q` of the source at `dst`.
