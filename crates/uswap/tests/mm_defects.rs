@@ -1494,10 +1494,14 @@ fn a_move_that_slips_into_an_install_is_followed_where_the_page_went() {
         rt.hold_next_install_at((base + PAGE) as *const u8);
         // SAFETY: the folio's first page, ours, onto our reservation.
         unsafe { move_pages_onto(base, PAGE, target) };
-        assert!(rt.wait_install_held(), "no install of the folio's second page");
+        assert!(
+            rt.wait_install_held(),
+            "no install of the folio's second page"
+        );
         // SAFETY: the folio's second page, ours, onto our reservation; the
         // call returns once the runtime has read its event.
-        let mover = std::thread::spawn(move || unsafe { move_pages_onto(base + PAGE, PAGE, second) });
+        let mover =
+            std::thread::spawn(move || unsafe { move_pages_onto(base + PAGE, PAGE, second) });
         assert!(
             eventually(|| !is_mapped(base + PAGE)),
             "the second move took the page's mapping away"
@@ -1512,7 +1516,11 @@ fn a_move_that_slips_into_an_install_is_followed_where_the_page_went() {
             )
         };
         assert_eq!(first, expect(base, base), "the page moved first");
-        assert_eq!(last, expect(base, base + PAGE), "the page moved during its install");
+        assert_eq!(
+            last,
+            expect(base, base + PAGE),
+            "the page moved during its install"
+        );
     });
 }
 

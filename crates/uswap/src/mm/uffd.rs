@@ -534,10 +534,11 @@ impl Uffd {
             mode,
             copy: 0,
         };
-        self.fill_ioctl(UFFDIO_COPY, &mut c).map_err(|error| Partial {
-            filled: c.copy.max(0) as usize,
-            error,
-        })
+        self.fill_ioctl(UFFDIO_COPY, &mut c)
+            .map_err(|error| Partial {
+                filled: c.copy.max(0) as usize,
+                error,
+            })
     }
 
     /// Moves the pages of `src..src + len` (anonymous, this address space's
@@ -553,10 +554,11 @@ impl Uffd {
             mode: MOVE_MODE_DONTWAKE | MOVE_MODE_ALLOW_SRC_HOLES,
             moved: 0,
         };
-        self.fill_ioctl(UFFDIO_MOVE, &mut m).map_err(|error| Partial {
-            filled: m.moved.max(0) as usize,
-            error,
-        })
+        self.fill_ioctl(UFFDIO_MOVE, &mut m)
+            .map_err(|error| Partial {
+                filled: m.moved.max(0) as usize,
+                error,
+            })
     }
 
     /// Maps the kernel's zero page (read-only; a write copies it) at the
@@ -604,10 +606,11 @@ impl Uffd {
             mode: POISON_MODE_DONTWAKE,
             updated: 0,
         };
-        self.fill_ioctl(UFFDIO_POISON, &mut p).map_err(|error| Partial {
-            filled: p.updated.max(0) as usize,
-            error,
-        })
+        self.fill_ioctl(UFFDIO_POISON, &mut p)
+            .map_err(|error| Partial {
+                filled: p.updated.max(0) as usize,
+                error,
+            })
     }
 
     /// Write-protects the range (present and missing pages: writers then
