@@ -493,28 +493,31 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
 /// The supervisor checked the range under its event gate, then let the gate
 /// go and asked: meanwhile another thread of the program may have unmapped
 /// part of it and mapped new memory there, which the madvise would drop
-/// without an event (it is not registered). So the range is probed first,
-/// as before a move: re-protecting it (a change of nothing) fails with
-/// EAGAIN while an event is unread and with ENOENT where it is no longer
-/// wholly registered (the write-protect passes over holes since Linux 6.3:
-/// `mincore` finds them, ENOMEM, answered as ENOENT), or no longer one
-/// mapping (ENOENT too), and then nothing is dropped. (MADV_DONTNEED itself
-/// answers neither.)
+/// without an event (it is not registered). So the range is looked at
+/// again, and nothing is dropped where it changed:
+/// - the page map: registered memory the program mapped there since, and
+///   wrote, is managed by then, but its pages lack the write protection
+///   that every page of a stored run keeps until its drop (ENOENT);
+/// - `mincore`: a hole (ENOMEM, answered as ENOENT; the write-protect
+///   below passes over holes since Linux 6.3);
+/// - the maps: the range is still one mapping (ENOENT);
+/// - last, right before the madvise, re-protecting the range (a change of
+///   nothing), which fails with EAGAIN while an event is unread (the
+///   supervisor holds the program's events until this answer, so a change
+///   since its check that raised one is still unread) and with ENOENT
+///   where the range is no longer wholly registered. Last, because it
+///   covers the looks before it: a change between them and it that could
+///   make the madvise drop foreign memory (an unmap) raises an event.
 ///
-/// Registered memory the program mapped there since, and wrote, passes that
-/// probe when it is managed by then; but its pages lack the write
-/// protection that every page of a stored run keeps until its drop. So
-/// the page map is read first (the probe protects it too): a page in
-/// memory without the protection answers ENOENT.
+/// (MADV_DONTNEED itself answers neither.) What no look can close is the
+/// time between the probe and the madvise, two calls in a row: an unmap
+/// and a new mapping by another thread of the program there would be
+/// dropped, as Linux has no drop that refuses memory not registered.
 fn drop_in_place(start: usize, len: usize) -> i32 {
     match unprotected_page_in(start, len) {
         Ok(false) => {}
         Ok(true) => return libc::ENOENT,
         Err(e) => return e,
-    }
-    let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
-    if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
-        return e;
     }
     let mut vec = [0u8; 512];
     let mut at = start;
@@ -530,6 +533,10 @@ fn drop_in_place(start: usize, len: usize) -> i32 {
     }
     if !within_one_mapping(start, len) {
         return libc::ENOENT;
+    }
+    let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
+    if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
+        return e;
     }
     // SAFETY: the supervisor drops only pages of managed folios it has
     // stored (MADV_DONTNEED cannot harm memory safety: the pages read back
