@@ -424,12 +424,13 @@ impl Uffd {
     }
 
     /// What an ENOENT from an ioctl that fills or moves pages means. Such
-    /// an ioctl looks for a change of the mappings in flight (an event
-    /// raised and unread: EAGAIN) and looks the mapping up under the
-    /// address space's lock, in that order or the other, never both under
-    /// the lock: an munmap or mremap can come in between, and the answer
-    /// is then ENOENT while the event that says where the pages went is
-    /// still unread (`bench/probes/uffd-copy-enoent.c`: in 11 to 53 of 200
+    /// an ioctl looks the mapping up, and answers ENOENT where there is
+    /// none, before it looks under the address space's lock for a change
+    /// of the mappings in flight (an event raised and unread: EAGAIN; a
+    /// copy looks once before too, without the lock). So an munmap or
+    /// mremap that comes just before the look-up gives ENOENT while the
+    /// event that says where the pages went is still unread
+    /// (`bench/probes/uffd-copy-enoent.c`: in 11 to 53 of 200
     /// races of a copy against a move of its page on Linux 6.18, the probe
     /// below answering EAGAIN every time). Taken for no mapping, it made an
     /// install skip as unmapped a page that had moved. So it is asked by the
