@@ -495,30 +495,26 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
 /// part of it and mapped new memory there, which the madvise would drop
 /// without an event (it is not registered). So the range is looked at
 /// again, and nothing is dropped where it changed:
-/// - the page map: registered memory the program mapped there since, and
-///   wrote, is managed by then, but its pages lack the write protection
-///   that every page of a stored run keeps until its drop (ENOENT);
 /// - `mincore`: a hole (ENOMEM, answered as ENOENT; the write-protect
 ///   below passes over holes since Linux 6.3);
 /// - the maps: the range is still one mapping (ENOENT);
-/// - last, right before the madvise, re-protecting the range (a change of
-///   nothing), which fails with EAGAIN while an event is unread (the
-///   supervisor holds the program's events until this answer, so a change
-///   since its check that raised one is still unread) and with ENOENT
-///   where the range is no longer wholly registered. Last, because it
-///   covers the looks before it: a change between them and it that could
-///   make the madvise drop foreign memory (an unmap) raises an event.
+/// - the page map: registered memory the program mapped there since, and
+///   wrote, is managed by then, but its pages lack the write protection
+///   that every page of a stored run keeps until its drop (ENOENT);
+/// - re-protecting the range (a change of nothing), which fails with ENOENT
+///   where the range is no longer wholly registered (new memory the
+///   supervisor does not manage yet) and with EAGAIN while an event is
+///   unread (a change the supervisor has not read yet).
 ///
-/// (MADV_DONTNEED itself answers neither.) What no look can close is the
-/// time between the probe and the madvise, two calls in a row: an unmap
-/// and a new mapping by another thread of the program there would be
-/// dropped, as Linux has no drop that refuses memory not registered.
+/// The two last come last and together, right before the madvise: the
+/// page map must be read before the write-protect, which protects new
+/// pages too, and from the write-protect on a write to the range waits for
+/// the supervisor. (MADV_DONTNEED itself answers neither.) What no look can
+/// close is the time between the write-protect and the madvise, two calls
+/// in a row: an unmap and a new mapping by another thread of the program
+/// there would be dropped, as Linux has no drop that refuses memory not
+/// registered.
 fn drop_in_place(start: usize, len: usize) -> i32 {
-    match unprotected_page_in(start, len) {
-        Ok(false) => {}
-        Ok(true) => return libc::ENOENT,
-        Err(e) => return e,
-    }
     let mut vec = [0u8; 512];
     let mut at = start;
     while at < start + len {
@@ -533,6 +529,11 @@ fn drop_in_place(start: usize, len: usize) -> i32 {
     }
     if !within_one_mapping(start, len) {
         return libc::ENOENT;
+    }
+    match unprotected_page_in(start, len) {
+        Ok(false) => {}
+        Ok(true) => return libc::ENOENT,
+        Err(e) => return e,
     }
     let mut probe = [start as u64, len as u64, WRITEPROTECT_MODE_WP];
     if let Err(e) = uffd_ioctl(UFFDIO_WRITEPROTECT, &mut probe) {
