@@ -346,8 +346,9 @@ enum Scratch {
     Unready,
     /// Registered; this many bytes from its start hold moved pages.
     Filled(usize),
-    /// It could not be made ready: the supervisor drops in place.
-    Broken(i32),
+    /// It could not be made ready: moves answer EOPNOTSUPP, and the
+    /// supervisor drops in place.
+    Broken,
 }
 
 /// The scratch's address (right after the agent thread's stack).
@@ -402,9 +403,9 @@ fn empty_scratch() -> Scratch {
         .and_then(|()| uffd_ioctl(UFFDIO_REGISTER, &mut register));
     match done {
         Ok(()) => Scratch::Filled(0),
-        Err(e) => {
+        Err(_) => {
             say(&["cannot ready the scratch; pages are dropped in place from now on"]);
-            Scratch::Broken(e)
+            Scratch::Broken
         }
     }
 }
@@ -415,8 +416,9 @@ fn empty_scratch() -> Scratch {
 /// (an event of the program is unread) and ENOENT (the range is no longer
 /// wholly registered) before anything moved, so that the supervisor reads
 /// the events and checks the range again; EBUSY (shared with a forked
-/// child, or pinned) and EINVAL (a mapping of other protection) wherever
-/// the move stopped, the rest to be dropped in place.
+/// child, or pinned) and EINVAL (a mapping of other protection, or locked)
+/// wherever the move stopped, the rest to stay in memory; EOPNOTSUPP where
+/// the scratch is broken, the rest to be dropped in place.
 ///
 /// The supervisor checked the range under its settled gate and let the
 /// gate go before asking, and it reads none of the program's events until
@@ -438,7 +440,7 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
                 emptied = true;
                 continue;
             }
-            Scratch::Broken(e) => return (0, e),
+            Scratch::Broken => return (0, libc::EOPNOTSUPP),
             Scratch::Filled(at) if at + len > SCRATCH => {
                 *scratch = empty_scratch();
                 emptied = true;

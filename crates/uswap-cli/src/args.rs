@@ -176,7 +176,9 @@ pub struct RuntimeArgs {
     #[arg(long, env = "USWAP_SLOT_FREE", default_value = "async")]
     pub slot_free: uswap::swap::FreeMode,
     /// How stored pages leave memory: move (moved out, no event, where the
-    /// kernel can) or in-place (MADV_DONTNEED).
+    /// kernel can; what it will not move stays) or in-place (MADV_DONTNEED,
+    /// which can lose memory another thread moves or maps into a range
+    /// being dropped: README, Known issues).
     #[arg(long, env = "USWAP_DISCARD", default_value = "move")]
     pub discard: Discard,
     /// How a folio's pages are stored: page (one object per page, as the

@@ -876,6 +876,7 @@ fn adopting_a_child_that_has_exited_finds_it_gone() {
                 bytes: 0,
                 again: false,
                 shared: false,
+                unmovable: false,
             }
         }
     }

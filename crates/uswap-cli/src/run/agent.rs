@@ -187,6 +187,7 @@ impl DropPages for AgentLink {
                         bytes: 0,
                         again: false,
                         shared: false,
+                        unmovable: false,
                     },
                     Ok(a) => {
                         let (errno, moved) = a.outcomes[k];
@@ -200,6 +201,8 @@ impl DropPages for AgentLink {
                             // again, which says why.
                             again: errno == libc::EAGAIN || (bytes == 0 && errno == libc::ENOENT),
                             shared: bytes < len && errno == libc::EBUSY,
+                            // A read-only or locked mapping: it stays.
+                            unmovable: bytes < len && errno == libc::EINVAL,
                         }
                     }
                 });

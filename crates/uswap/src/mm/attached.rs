@@ -65,6 +65,9 @@ impl Runtime {
             uffd.register(page, BEACON_SPAN)
                 .map_err(|e| io::Error::other(format!("registering the beacon page: {e}")))?;
         }
+        if shared.config.discard_by_move && !uffd.moves() {
+            say_drops_in_place();
+        }
         let memory = Memory::remote(pid, dropper, shared.config.discard_by_move && uffd.moves())?;
         let space = Arc::new(Space::new(
             shared.next_space_id(),
@@ -293,4 +296,16 @@ impl Attached {
 fn has_no_memory(pid: libc::pid_t) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/statm"))
         .map_or(true, |statm| statm.split_whitespace().next() == Some("0"))
+}
+
+/// Says, once per supervisor, that stored pages will be dropped in place
+/// because the kernel cannot move them: a drop in place has a window no
+/// check closes (`mm/reclaim.rs`), which a user asked for moves should know of.
+fn say_drops_in_place() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "uswap: this kernel cannot move pages (UFFDIO_MOVE, Linux 6.8): stored pages are dropped in place, which can lose memory the program moves or maps into a range being dropped (README, Known issues)"
+        );
+    }
 }

@@ -108,8 +108,8 @@ counters! {
     /// `mm/scratch.rs`).
     discarded_by_move,
     /// Pages of stored folios dropped in place (MADV_DONTNEED, which raises
-    /// a REMOVE event): other processes' pages where they cannot move, and
-    /// pages of read-only or locked mappings.
+    /// a REMOVE event): only where nothing moves (moves turned off, or a
+    /// kernel without UFFDIO_MOVE).
     discarded_in_place,
     /// Pages of stored folios that stayed in memory because their move out
     /// stopped at a page shared with another process (a forked child, KSM)
@@ -146,8 +146,13 @@ counters! {
     /// out of the reclaim queue until written (`folio::UNFIT`).
     unfit_folios,
     /// Folios left out of reclaim because their memory is locked (mlock):
-    /// the drop was refused. They stay resident and counted.
+    /// the move or drop was refused. They stay resident and counted.
     unevictable_folios,
+    /// Folios the kernel would not move out because their mapping is not
+    /// writable (read-only memory): left resident, write-protected and out
+    /// of the reclaim queue until written (`folio::UNFIT`), rather than
+    /// dropped in place (see `mm/reclaim.rs`).
+    unmovable_folios,
     /// Plugs flushed to the store.
     reclaim_batches,
     /// Times the reclaimer backed off because the store refused a plug for

@@ -27,10 +27,13 @@
 //!                           +--reclaim (discard only)--> EVICTING --> SWAPPED
 //! ```
 //!
-//! A folio the store refused because its pages do not compress, with no
-//! swap file to hold them raw, is UNFIT (a flag on RESIDENT): it keeps the
-//! flush's write protection and stays out of the reclaim queue, so that the
-//! reclaimer does not compress the same pages again at every pass. Its first
+//! A folio that cannot leave memory as it is is UNFIT (a flag on
+//! RESIDENT): the store refused it because its pages do not compress, with
+//! no swap file to hold them raw, or the kernel would not move it out
+//! because its mapping is read-only (a write then takes the program making
+//! it writable first). It keeps the flush's write protection and stays out
+//! of the reclaim queue, so that the reclaimer does not compress the same
+//! pages again at every pass. Its first
 //! write (a write-protect fault), a missing page, or any event of the
 //! program over it clears the flag and queues it again (`Shared::unpark`).
 //! UNFIT memory still counts as resident, but not against the limit

@@ -81,8 +81,7 @@ pub trait DropPages: Send + Sync {
     /// Moves the stored pages of `start..start + len` (at most
     /// [`SCRATCH_LEN`]) out of the process without an event (see
     /// `mm/scratch.rs`): how many bytes from `start` went that way (0 where
-    /// pages cannot move), or that an event of the process is unread or the
-    /// range no longer registered, so that nothing moved.
+    /// pages cannot move), and why the rest did not (see [`Discarded`]).
     fn move_out(&self, start: usize, len: usize) -> Discarded;
 
     /// [`DropPages::move_out`] for each of `ranges` (start, length), in
@@ -282,6 +281,7 @@ impl Memory {
                     bytes: 0,
                     again: false,
                     shared: false,
+                    unmovable: false,
                 }))
             }
             Memory::Remote { dropper, .. } => {
@@ -424,12 +424,22 @@ impl Memory {
     pub fn is_private_anonymous(&self, start: usize, end: usize) -> bool {
         let mut at = start;
         while at < end {
-            match self.maps().kind_at(at) {
-                Some((_, hi, MappingKind::PrivateAnonymous)) => at = hi,
+            match self.maps().at(at) {
+                Some(Mapping {
+                    end,
+                    kind: MappingKind::PrivateAnonymous,
+                    ..
+                }) => at = end,
                 _ => return false,
             }
         }
         true
+    }
+
+    /// Whether the mapping that holds `addr` is writable now (false where
+    /// none does).
+    pub fn is_writable(&self, addr: usize) -> bool {
+        self.maps().at(addr).is_some_and(|m| m.writable)
     }
 
     /// The process's list of mappings.
@@ -513,11 +523,11 @@ impl Maps {
 
     /// The mapping that holds `addr` now, if any.
     fn mapping_at(&self, addr: usize) -> Option<(usize, usize)> {
-        self.kind_at(addr).map(|(lo, hi, _)| (lo, hi))
+        self.at(addr).map(|m| (m.start, m.end))
     }
 
-    /// The mapping that holds `addr` now, if any, and its kind.
-    fn kind_at(&self, addr: usize) -> Option<(usize, usize, MappingKind)> {
+    /// What the mapping that holds `addr` now is, if any.
+    fn at(&self, addr: usize) -> Option<Mapping> {
         use std::os::fd::AsRawFd;
         let mut q = ProcmapQuery {
             size: std::mem::size_of::<ProcmapQuery>() as u64,
@@ -538,7 +548,12 @@ impl Maps {
                 } else {
                     MappingKind::Other
                 };
-                return Some((q.vma_start as usize, q.vma_end as usize, kind));
+                return Some(Mapping {
+                    start: q.vma_start as usize,
+                    end: q.vma_end as usize,
+                    kind,
+                    writable: q.vma_flags & PROCMAP_QUERY_VMA_WRITABLE != 0,
+                });
             }
             // No mapping holds it.
             if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
@@ -551,6 +566,16 @@ impl Maps {
     }
 }
 
+/// One mapping of a process, as far as managing it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mapping {
+    start: usize,
+    end: usize,
+    kind: MappingKind,
+    /// Its protection allows writes (which a move needs).
+    writable: bool,
+}
+
 /// What a mapping is, as far as managing it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MappingKind {
@@ -561,19 +586,21 @@ enum MappingKind {
     Other,
 }
 
-/// `PROCMAP_QUERY_VMA_SHARED` (include/uapi/linux/fs.h).
+/// `PROCMAP_QUERY_VMA_WRITABLE` and `PROCMAP_QUERY_VMA_SHARED`
+/// (include/uapi/linux/fs.h).
+const PROCMAP_QUERY_VMA_WRITABLE: u64 = 2;
 const PROCMAP_QUERY_VMA_SHARED: u64 = 8;
 
-/// The mapping holding `addr` in a /proc/PID/maps listing, and its kind.
-fn mapping_in(maps: &str, addr: usize) -> Option<(usize, usize, MappingKind)> {
+/// The mapping holding `addr` in a /proc/PID/maps listing.
+fn mapping_in(maps: &str, addr: usize) -> Option<Mapping> {
     maps.lines()
         .filter_map(maps_line)
-        .find(|&(lo, hi, _)| lo <= addr && addr < hi)
+        .find(|m| m.start <= addr && addr < m.end)
 }
 
-/// One line of /proc/PID/maps (`start-end perms offset dev inode [path]`):
-/// its range and kind. A hugetlb mapping has an inode of its own.
-fn maps_line(line: &str) -> Option<(usize, usize, MappingKind)> {
+/// One line of /proc/PID/maps (`start-end perms offset dev inode [path]`).
+/// A hugetlb mapping has an inode of its own.
+fn maps_line(line: &str) -> Option<Mapping> {
     let mut fields = line.split_whitespace();
     let (lo, hi) = fields.next()?.split_once('-')?;
     let perms = fields.next()?;
@@ -583,11 +610,12 @@ fn maps_line(line: &str) -> Option<(usize, usize, MappingKind)> {
     } else {
         MappingKind::Other
     };
-    Some((
-        usize::from_str_radix(lo, 16).ok()?,
-        usize::from_str_radix(hi, 16).ok()?,
+    Some(Mapping {
+        start: usize::from_str_radix(lo, 16).ok()?,
+        end: usize::from_str_radix(hi, 16).ok()?,
         kind,
-    ))
+        writable: perms.as_bytes().get(1) == Some(&b'w'),
+    })
 }
 
 /// What a process told the kernel (madvise) about handing a mapping to a
@@ -627,8 +655,8 @@ fn fork_advice_in(mut smaps: impl io::BufRead) -> Vec<(usize, usize, ForkAdvice)
             if let (Some((lo, hi)), Some(advice)) = (mapping.take(), advice) {
                 out.push((lo, hi, advice));
             }
-        } else if let Some((lo, hi, _)) = maps_line(&line) {
-            mapping = Some((lo, hi));
+        } else if let Some(m) = maps_line(&line) {
+            mapping = Some((m.start, m.end));
         }
         raw.clear();
     }

@@ -1500,8 +1500,8 @@ impl Shared {
     /// program unmaps between the probe and the madvise raises events the
     /// first of which starts past the drop's start, taken for the
     /// program's. Only drops in place are judged here: stored pages leave by
-    /// a move, which raises no event (`mm/scratch.rs`), so the race is left
-    /// to pages that cannot move.
+    /// a move where the kernel has one, which raises no event
+    /// (`mm/scratch.rs`).
     pub fn is_own_drop(&self, space: &Space, start: usize, end: usize, read: u64) -> bool {
         let Some(memory) = space.memory.get() else {
             return false;

@@ -19,10 +19,16 @@
 //! stored with one `store_batch`, then discarded: moved out to a scratch
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
 //! process's pages by its agent, into a scratch of its own, one request
-//! for the first moves of all the plug's runs); what cannot
-//! move because it is of a read-only or locked mapping is dropped in place
-//! (MADV_DONTNEED), and a run that meets a page shared with a forked child
-//! (or pinned) stays, as a drop would not free it. Adjacent folios
+//! for the first moves of all the plug's runs). What the kernel will not
+//! move stays in memory: a read-only mapping (UNFIT until written), locked
+//! memory (out of reclaim), a page shared with a forked child or pinned
+//! (tried again later). Dropped in place, it would be zapped whatever the
+//! range holds once the drop's REMOVE event is read, memory another thread
+//! of the program moved or mapped there meanwhile included, and no check
+//! before the drop closes that window. Only where nothing moves (no
+//! UFFDIO_MOVE before Linux 6.8, or moves turned off) are stored pages
+//! dropped in place (MADV_DONTNEED), with the narrowing the event thread
+//! gives that window (`fault.rs`, `read_raw`). Adjacent folios
 //! of the plug (sequential access makes them the rule) share one
 //! write-protect call and one move or MADV_DONTNEED, so the TLB flushes and
 //! the REMOVE event round trips are paid per run, not per folio; a run the
@@ -687,11 +693,16 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
 
     // Drop the stored folios, a run of adjacent ones at a time (at most a
     // scratch's worth): moved out without an event where that works
-    // (`mm/scratch.rs`), the rest in place. The event thread attributes the
-    // REMOVE events a drop in place raises to the reclaimer.
-    // Plug entries (first, count) whose drop the kernel refused because
-    // their memory is locked; empty, and not allocated, in the usual case.
-    let mut locked: Vec<(usize, usize)> = Vec::new();
+    // (`mm/scratch.rs`); in place where nothing moves (no UFFDIO_MOVE, or
+    // moves turned off), and then the event thread attributes the REMOVE
+    // events a drop raises to the reclaimer. Where moves work, what the
+    // kernel will not move (read-only or locked memory) stays: a drop in
+    // place zaps whatever its range holds once its event is read, and
+    // memory another thread of the program moves or maps there meanwhile
+    // goes with it, a window no check before the drop closes.
+    // Plug entries (first, count) kept in memory, and why; empty, and not
+    // allocated, in the usual case.
+    let mut kept: Vec<(usize, usize, Kept)> = Vec::new();
     let discard_runs: Vec<(usize, usize)> = runs(plug, |k| results[k].is_ok())
         .into_iter()
         .flat_map(|(first, count)| {
@@ -734,12 +745,14 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         // answered other than "again" (another process's agent may have
         // moved pages and lost its answer), or a drop in place was made.
         let mut maybe_gone = false;
-        // Where a move was refused for good (what is there cannot move):
-        // dropped in place once the range is checked again. The refusal
-        // may come from memory the program mapped there while the gate was
-        // let go for the move (another process's pages move by its agent):
-        // the check finds the unmap event, and nothing is dropped.
-        let mut refused_at: Option<usize> = None;
+        // Where a move was refused for good, and whether for what is there
+        // (read-only or locked: it stays) or because nothing moves here
+        // (it is dropped in place), once the range is checked again. The
+        // refusal may come from memory the program mapped there while the
+        // gate was let go for the move (another process's pages move by
+        // its agent): the check finds the unmap event, and nothing is
+        // dropped or kept.
+        let mut refused_at: Option<(usize, bool)> = None;
         while at < end {
             // The run's first move, unless the run had changed, was made
             // with the others' (see `move_out_together`); what follows it
@@ -779,21 +792,42 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                         }
                         continue 'runs;
                     }
-                    if refused_at.take() == Some(at) {
-                        // What cannot move (memory of other protection or
-                        // locked), or all of it where nothing moves: dropped in
-                        // place, up to the end of the piece. The drop waits for
-                        // its event, which is read under the gate's write side.
+                    // The folios `at..to` covers (in part or whole).
+                    let piece_folios = |to: usize| {
+                        let fs = plug[first].region.folio_size;
+                        let lo = first + (at - start) / fs;
+                        let hi = first + (to - start).div_ceil(fs);
+                        (lo, hi - lo)
+                    };
+                    if let Some((_, unmovable)) = refused_at.take_if(|&mut (r, _)| r == at) {
                         drop(settled);
+                        if unmovable {
+                            // The mapping that cannot move stays (each
+                            // folio's finish decides: one that left in part
+                            // comes back whole), and the rest of the run
+                            // moves on after it.
+                            if let Some((_, mapping_end)) = memory.mapping_at(at) {
+                                piece_end = piece_end.min(mapping_end);
+                            }
+                            let (lo, count) = piece_folios(piece_end);
+                            let why = if memory.is_writable(at) {
+                                Kept::Locked
+                            } else {
+                                Kept::ReadOnly
+                            };
+                            kept.push((lo, count, why));
+                            at = piece_end;
+                            piece_end = end;
+                            continue;
+                        }
+                        // Nothing moves here: dropped in place, up to the
+                        // end of the piece. The drop waits for its event,
+                        // which is read under the gate's write side.
                         match drop_in_place(shared, space, memory, at, piece_end - at) {
                             InPlace::Dropped => {}
                             InPlace::Locked => {
-                                // The folios the piece covers (in part or
-                                // whole).
-                                let fs = plug[first].region.folio_size;
-                                let lo = first + (at - start) / fs;
-                                let hi = first + (piece_end - start).div_ceil(fs);
-                                locked.push((lo, hi - lo));
+                                let (lo, count) = piece_folios(piece_end);
+                                kept.push((lo, count, Kept::Locked));
                             }
                             InPlace::Changed => {
                                 // Nothing dropped: looked at again under the
@@ -826,6 +860,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 bytes,
                 again,
                 shared: busy,
+                unmovable,
             } = discarded;
             shared
                 .counters
@@ -879,7 +914,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                     }
                 }
             }
-            refused_at = Some(at);
+            refused_at = Some((at, unmovable));
         }
     }
 
@@ -896,7 +931,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             Err(StoreError::PoolLimit | StoreError::AllocFail | StoreError::NoSlots)
         )
     });
-    let left = finish_plug(shared, space, plug, results, &protected, &locked);
+    let left = finish_plug(shared, space, plug, results, &protected, &kept);
     for (v, &gone) in plug.iter().zip(&left) {
         if gone && v.clean.is_some() {
             shared
@@ -916,6 +951,18 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     } else {
         Flushed::Unfit
     }
+}
+
+/// Why folios of a plug stayed in memory though stored (see `flush`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// The program locked them (mlock): out of reclaim, as the kernel keeps
+    /// locked memory off its LRU.
+    Locked,
+    /// Their mapping is not writable, and the kernel moves only writable
+    /// memory: they wait, write-protected, until written (which takes the
+    /// program making them writable first).
+    ReadOnly,
 }
 
 /// What became of a drop in place.
@@ -1027,7 +1074,7 @@ fn finish_plug(
     plug: &[Victim],
     results: Vec<Result<SlotRange, StoreError>>,
     protected: &[bool],
-    locked: &[(usize, usize)],
+    kept: &[(usize, usize, Kept)],
 ) -> Vec<bool> {
     let memory = space
         .memory
@@ -1079,9 +1126,10 @@ fn finish_plug(
         .zip(present)
         .enumerate()
         .map(|(k, ((v, result), present))| {
-            let in_locked_piece = locked
+            let why_kept = kept
                 .iter()
-                .any(|&(first, count)| (first..first + count).contains(&k));
+                .find(|&&(first, count, _)| (first..first + count).contains(&k))
+                .map(|&(_, _, why)| why);
             finish_folio(
                 shared,
                 space,
@@ -1090,7 +1138,7 @@ fn finish_plug(
                 result,
                 present,
                 protected[k],
-                in_locked_piece,
+                why_kept,
                 &mut follow_ups,
             )
         })
@@ -1128,7 +1176,15 @@ fn finish_plug(
     for (v, done) in plug.iter().zip(&finished) {
         if done.bring_back {
             swapin::swap_in(shared, space, &v.region, v.folio, &mut Worker, false);
-            if done.partly_lost && done.lift {
+            if done.partly_lost && done.read_only {
+                // Part of it is read-only memory, which cannot move: taken
+                // again as it is, it would leave in part and come back at
+                // every pass. It waits until its next change, and keeps
+                // the flush's protection on the pages that stayed (those
+                // the program would have to make writable first).
+                let _gate = shared.read_gate();
+                park_unmovable(shared, &v.region, v.folio);
+            } else if done.partly_lost && done.lift {
                 // The pages that stayed keep the flush's protection
                 // otherwise (the folio was not resident above): lifted, as
                 // for a folio that stays.
@@ -1146,6 +1202,28 @@ fn finish_plug(
     finished.iter().map(|done| done.gone).collect()
 }
 
+/// Makes folio `i` of `region`, resident, UNFIT: out of the reclaim queue
+/// until its next change (see `folio::UNFIT`). Nothing if it is no longer
+/// plainly resident (the program changed it meanwhile).
+fn park_unmovable(shared: &Shared, region: &RegionInner, i: usize) {
+    let f = &region.folios[i];
+    let w = f.load();
+    if folio::state(w) != RESIDENT || w & UNFIT != 0 {
+        return;
+    }
+    // Counted before it is published, as in `finish_folio`: a fault server
+    // that sees the flag takes the bytes off again.
+    shared.unfit.fetch_add(region.folio_size, Ordering::AcqRel);
+    if f.transition(w, w | UNFIT) {
+        shared
+            .counters
+            .unmovable_folios
+            .fetch_add(1, Ordering::Relaxed);
+    } else {
+        shared.unfit.fetch_sub(region.folio_size, Ordering::AcqRel);
+    }
+}
+
 /// What is left to do for one folio of a flushed plug once its state is
 /// published (see [`finish_plug`]).
 struct Finished {
@@ -1155,6 +1233,9 @@ struct Finished {
     bring_back: bool,
     /// Part of it left memory and part stayed in place.
     partly_lost: bool,
+    /// It is in part or whole of a read-only mapping, which the kernel
+    /// would not move.
+    read_only: bool,
     /// Where pages the program moved away from it meanwhile live now.
     moved: Vec<(usize, usize)>,
     /// It left memory.
@@ -1205,7 +1286,7 @@ fn finish_folio(
     result: Result<SlotRange, StoreError>,
     present: PageMask,
     was_protected: bool,
-    locked: bool,
+    kept: Option<Kept>,
     follow_ups: &mut Vec<FollowUp>,
 ) -> Finished {
     let f = &region.folios[i];
@@ -1303,7 +1384,7 @@ fn finish_folio(
                 // resident, and counted.)
                 f.set(UNTOUCHED);
                 shared.resident.fetch_sub(fs, Ordering::AcqRel);
-            } else if locked && extras.removed.is_empty() {
+            } else if kept == Some(Kept::Locked) && extras.removed.is_empty() {
                 // Locked memory stays out of reclaim, as the kernel keeps it
                 // off its LRU: taken again, it would be stored and refused
                 // at every pass. It still counts as resident; it comes back
@@ -1315,14 +1396,22 @@ fn finish_folio(
                     .counters
                     .unevictable_folios
                     .fetch_add(1, Ordering::Relaxed);
-            } else if matches!(result, Err(StoreError::CompressPoor)) && was_protected {
-                // Compressed again, it would be refused again: it waits,
-                // write-protected, for its next change (`folio::UNFIT`).
-                // Counted before it is published: a fault server that sees
-                // the flag takes the bytes off again.
+            } else if was_protected
+                && (matches!(result, Err(StoreError::CompressPoor)) || kept == Some(Kept::ReadOnly))
+            {
+                // Taken again as it is, it would be refused again (it does
+                // not compress, or cannot move): it waits, write-protected,
+                // for its next change (`folio::UNFIT`). Counted before it
+                // is published: a fault server that sees the flag takes the
+                // bytes off again.
                 shared.unfit.fetch_add(fs, Ordering::AcqRel);
                 f.set(shared.dropped_meanwhile(&extras, RESIDENT | UNFIT));
-                shared.counters.unfit_folios.fetch_add(1, Ordering::Relaxed);
+                let counter = if kept.is_some() {
+                    &shared.counters.unmovable_folios
+                } else {
+                    &shared.counters.unfit_folios
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
             } else {
                 f.set(shared.dropped_meanwhile(&extras, RESIDENT));
                 shared.queue_for_reclaim(space.id, region.id, i);
@@ -1333,6 +1422,7 @@ fn finish_folio(
         lift: was_protected,
         bring_back,
         partly_lost,
+        read_only: kept == Some(Kept::ReadOnly),
         moved: extras.moved_ranges().collect(),
         gone: stored.is_some(),
     }
@@ -1567,6 +1657,7 @@ fn move_out(
             bytes: 0,
             again: true,
             shared: false,
+            unmovable: false,
         }));
     } else if memory.stopped_now() {
         // Its agent would answer only once the process runs again: the
@@ -1580,6 +1671,7 @@ fn move_out(
             bytes: 0,
             again: false,
             shared: true,
+            unmovable: false,
         }));
     } else {
         memory.discard_quietly(ranges, settled, &mut discarded);

@@ -97,6 +97,14 @@ pub struct Discarded {
     /// process keeps it (and a drop in place has a window, see
     /// `mm/reclaim.rs`).
     pub shared: bool,
+    /// The kernel refused to move what is at the stop, and will again
+    /// (EINVAL: a mapping of other protection, which a move needs writable,
+    /// or locked memory). It stays in memory: a drop in place zaps whatever
+    /// the range holds once its event is read, memory the program moved
+    /// there meanwhile included, and no check closes that window (see
+    /// `mm/reclaim.rs`). False where nothing can move here at all (no
+    /// scratch, or none that works): the caller drops in place.
+    pub unmovable: bool,
 }
 
 impl Scratch {
@@ -162,6 +170,7 @@ impl Scratch {
                     bytes: 0,
                     again: false,
                     shared: false,
+                    unmovable: false,
                 };
             };
             if at + len > SCRATCH_LEN {
@@ -170,8 +179,8 @@ impl Scratch {
                 continue;
             }
             let result = self.uffd.move_pages(self.base + at, start, len);
-            let (moved, again, shared) = match result {
-                Ok(()) => (len, false, false),
+            let (moved, again, shared, unmovable) = match result {
+                Ok(()) => (len, false, false, false),
                 // An event came in since the settled probe (or while
                 // this call looked: see `Uffd::no_mapping`), or nothing is
                 // mapped at the start: a hole the program unmapped (the
@@ -179,7 +188,7 @@ impl Scratch {
                 Err(Partial {
                     filled: 0,
                     error: UffdError::Again | UffdError::NoMapping,
-                }) => (0, true, false),
+                }) => (0, true, false, false),
                 Err(Partial {
                     filled: 0,
                     error: UffdError::Exists | UffdError::Os(_),
@@ -196,7 +205,7 @@ impl Scratch {
                 Err(Partial {
                     filled: n,
                     error: UffdError::Busy,
-                }) => (n / PAGE_SIZE * PAGE_SIZE, false, true),
+                }) => (n / PAGE_SIZE * PAGE_SIZE, false, true, false),
                 // A move that stopped part way answers EAGAIN whatever
                 // stopped it (a page shared with a forked child or pinned,
                 // whose EBUSY comes only when it is the first): the rest is
@@ -204,10 +213,17 @@ impl Scratch {
                 Err(Partial {
                     filled: n,
                     error: UffdError::Again,
-                }) => (n / PAGE_SIZE * PAGE_SIZE, true, false),
-                // Not movable (or not all of it): the caller's drop in place
-                // deals with the rest, as it always did.
-                Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false, false),
+                }) => (n / PAGE_SIZE * PAGE_SIZE, true, false, false),
+                // Not movable from there on (read-only or locked): the rest
+                // stays in memory.
+                Err(Partial {
+                    filled: n,
+                    error: UffdError::Os(e),
+                }) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    (n / PAGE_SIZE * PAGE_SIZE, false, false, true)
+                }
+                // Anything else: the caller drops the rest in place.
+                Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false, false, false),
             };
             // The next move goes after what this one left.
             state.filled = Some(at + moved);
@@ -215,6 +231,7 @@ impl Scratch {
                 bytes: moved,
                 again,
                 shared,
+                unmovable,
             };
         }
     }
