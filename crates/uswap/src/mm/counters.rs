@@ -108,8 +108,9 @@ counters! {
     /// `mm/scratch.rs`).
     discarded_by_move,
     /// Pages of stored folios dropped in place (MADV_DONTNEED, which raises
-    /// a REMOVE event): only where nothing moves (moves turned off, or a
-    /// kernel without UFFDIO_MOVE).
+    /// a REMOVE event): where nothing moves (moves turned off, a kernel
+    /// without UFFDIO_MOVE, a scratch that cannot be emptied, an agent
+    /// gone), or a move failed otherwise than by refusing the memory.
     discarded_in_place,
     /// Pages of stored folios that stayed in memory because their move out
     /// stopped at a page shared with another process (a forked child, KSM)
@@ -145,13 +146,15 @@ counters! {
     /// no swap file to hold them raw: left resident, write-protected and
     /// out of the reclaim queue until written (`folio::UNFIT`).
     unfit_folios,
-    /// Folios left out of reclaim because their memory is locked (mlock):
-    /// the move or drop was refused. They stay resident and counted.
+    /// Folios left out of reclaim because their memory is locked (mlock)
+    /// and nothing moves: the drop in place was refused. They stay
+    /// resident and counted.
     unevictable_folios,
-    /// Folios the kernel would not move out because their mapping is not
-    /// writable (read-only memory): left resident, write-protected and out
-    /// of the reclaim queue until written (`folio::UNFIT`), rather than
-    /// dropped in place (see `mm/reclaim.rs`).
+    /// Folios the kernel would not move out (read-only or locked memory,
+    /// or memory also executable or of a protection key: unlike the
+    /// scratch): left resident, write-protected and out of the reclaim
+    /// queue until written (`folio::UNFIT`), rather than dropped in place
+    /// (see `mm/reclaim.rs`).
     unmovable_folios,
     /// Plugs flushed to the store.
     reclaim_batches,

@@ -29,9 +29,10 @@
 //!
 //! A folio that cannot leave memory as it is is UNFIT (a flag on
 //! RESIDENT): the store refused it because its pages do not compress, with
-//! no swap file to hold them raw, or the kernel would not move it out
-//! because its mapping is read-only (a write then takes the program making
-//! it writable first). It keeps the flush's write protection and stays out
+//! no swap file to hold them raw, or the kernel would not move it out (its
+//! mapping read-only, locked, or otherwise unlike the scratch). It keeps
+//! the flush's write protection (on the pages that stayed, for one that
+//! left in part and came back) and stays out
 //! of the reclaim queue, so that the reclaimer does not compress the same
 //! pages again at every pass. Its first
 //! write (a write-protect fault), a missing page, or any event of the
@@ -102,8 +103,9 @@ pub const EXTRA: u64 = 1 << 5;
 /// event does not tell apart. It stays counted; the reclaimer, which takes
 /// it first, finds out which (`reclaim::next_victim`). Always DROPPED too.
 pub const GIVEN_UP: u64 = 1 << 6;
-/// Resident, refused by the store as incompressible with no swap file:
-/// write-protected and out of the reclaim queue until written (see above).
+/// Resident, and cannot leave as it is (incompressible with no swap file,
+/// or memory the kernel would not move): write-protected and out of the
+/// reclaim queue until written (see above).
 pub const UNFIT: u64 = 1 << 7;
 /// Resident, and the program dropped pages of it (a REMOVE event) at the
 /// time the upper half of the word holds ([`dropped_ms`]): its pages may

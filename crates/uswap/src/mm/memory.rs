@@ -436,12 +436,6 @@ impl Memory {
         true
     }
 
-    /// Whether the mapping that holds `addr` is writable now (false where
-    /// none does).
-    pub fn is_writable(&self, addr: usize) -> bool {
-        self.maps().at(addr).is_some_and(|m| m.writable)
-    }
-
     /// The process's list of mappings.
     fn maps(&self) -> &Maps {
         match self {
@@ -552,7 +546,6 @@ impl Maps {
                     start: q.vma_start as usize,
                     end: q.vma_end as usize,
                     kind,
-                    writable: q.vma_flags & PROCMAP_QUERY_VMA_WRITABLE != 0,
                 });
             }
             // No mapping holds it.
@@ -572,8 +565,6 @@ struct Mapping {
     start: usize,
     end: usize,
     kind: MappingKind,
-    /// Its protection allows writes (which a move needs).
-    writable: bool,
 }
 
 /// What a mapping is, as far as managing it goes.
@@ -586,9 +577,7 @@ enum MappingKind {
     Other,
 }
 
-/// `PROCMAP_QUERY_VMA_WRITABLE` and `PROCMAP_QUERY_VMA_SHARED`
-/// (include/uapi/linux/fs.h).
-const PROCMAP_QUERY_VMA_WRITABLE: u64 = 2;
+/// `PROCMAP_QUERY_VMA_SHARED` (include/uapi/linux/fs.h).
 const PROCMAP_QUERY_VMA_SHARED: u64 = 8;
 
 /// The mapping holding `addr` in a /proc/PID/maps listing.
@@ -614,7 +603,6 @@ fn maps_line(line: &str) -> Option<Mapping> {
         start: usize::from_str_radix(lo, 16).ok()?,
         end: usize::from_str_radix(hi, 16).ok()?,
         kind,
-        writable: perms.as_bytes().get(1) == Some(&b'w'),
     })
 }
 

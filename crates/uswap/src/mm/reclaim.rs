@@ -20,9 +20,9 @@
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
 //! process's pages by its agent, into a scratch of its own, one request
 //! for the first moves of all the plug's runs). What the kernel will not
-//! move stays in memory: a read-only mapping (UNFIT until written), locked
-//! memory (out of reclaim), a page shared with a forked child or pinned
-//! (tried again later). Dropped in place, it would be zapped whatever the
+//! move stays in memory: read-only or locked memory, or memory of other
+//! protection (UNFIT until written), a page shared with a forked child or
+//! pinned (tried again later). Dropped in place, it would be zapped whatever the
 //! range holds once the drop's REMOVE event is read, memory another thread
 //! of the program moved or mapped there meanwhile included, and no check
 //! before the drop closes that window. Only where nothing moves (no
@@ -696,7 +696,8 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // (`mm/scratch.rs`); in place where nothing moves (no UFFDIO_MOVE, or
     // moves turned off), and then the event thread attributes the REMOVE
     // events a drop raises to the reclaimer. Where moves work, what the
-    // kernel will not move (read-only or locked memory) stays: a drop in
+    // kernel will not move (read-only, locked, or otherwise unlike the
+    // scratch) stays: a drop in
     // place zaps whatever its range holds once its event is read, and
     // memory another thread of the program moves or maps there meanwhile
     // goes with it, a window no check before the drop closes.
@@ -746,7 +747,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         // moved pages and lost its answer), or a drop in place was made.
         let mut maybe_gone = false;
         // Where a move was refused for good, and whether for what is there
-        // (read-only or locked: it stays) or because nothing moves here
+        // (it stays) or because nothing moves here
         // (it is dropped in place), once the range is checked again. The
         // refusal may come from memory the program mapped there while the
         // gate was let go for the move (another process's pages move by
@@ -810,12 +811,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                                 piece_end = piece_end.min(mapping_end);
                             }
                             let (lo, count) = piece_folios(piece_end);
-                            let why = if memory.is_writable(at) {
-                                Kept::Locked
-                            } else {
-                                Kept::ReadOnly
-                            };
-                            kept.push((lo, count, why));
+                            kept.push((lo, count, Kept::Unmovable));
                             at = piece_end;
                             piece_end = end;
                             continue;
@@ -956,13 +952,16 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
 /// Why folios of a plug stayed in memory though stored (see `flush`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kept {
-    /// The program locked them (mlock): out of reclaim, as the kernel keeps
-    /// locked memory off its LRU.
+    /// Where nothing moves, the drop in place was refused: the program
+    /// locked them (mlock). Out of reclaim, as the kernel keeps locked
+    /// memory off its LRU.
     Locked,
-    /// Their mapping is not writable, and the kernel moves only writable
-    /// memory: they wait, write-protected, until written (which takes the
-    /// program making them writable first).
-    ReadOnly,
+    /// The move was refused for good (EINVAL): the kernel moves only
+    /// between mappings alike in access and protection, writable and both
+    /// locked or neither, and the scratch is plain read-write memory. So
+    /// read-only memory, locked memory, memory also executable or of a
+    /// protection key: they wait, write-protected, until written.
+    Unmovable,
 }
 
 /// What became of a drop in place.
@@ -1176,12 +1175,11 @@ fn finish_plug(
     for (v, done) in plug.iter().zip(&finished) {
         if done.bring_back {
             swapin::swap_in(shared, space, &v.region, v.folio, &mut Worker, false);
-            if done.partly_lost && done.read_only {
-                // Part of it is read-only memory, which cannot move: taken
-                // again as it is, it would leave in part and come back at
-                // every pass. It waits until its next change, and keeps
-                // the flush's protection on the pages that stayed (those
-                // the program would have to make writable first).
+            if done.partly_lost && done.unmovable {
+                // Part of it cannot move: taken again as it is, it would
+                // leave in part and come back at every pass. It waits
+                // until its next change (the pages that stayed keep the
+                // flush's protection; those brought back are writable).
                 let _gate = shared.read_gate();
                 park_unmovable(shared, &v.region, v.folio);
             } else if done.partly_lost && done.lift {
@@ -1204,11 +1202,12 @@ fn finish_plug(
 
 /// Makes folio `i` of `region`, resident, UNFIT: out of the reclaim queue
 /// until its next change (see `folio::UNFIT`). Nothing if it is no longer
-/// plainly resident (the program changed it meanwhile).
+/// plainly resident (the program changed it meanwhile: a folio it gave up
+/// or dropped pages of is the reclaimer's to look at again).
 fn park_unmovable(shared: &Shared, region: &RegionInner, i: usize) {
     let f = &region.folios[i];
     let w = f.load();
-    if folio::state(w) != RESIDENT || w & UNFIT != 0 {
+    if folio::state(w) != RESIDENT || w & (UNFIT | GIVEN_UP | DROPPED) != 0 {
         return;
     }
     // Counted before it is published, as in `finish_folio`: a fault server
@@ -1233,9 +1232,8 @@ struct Finished {
     bring_back: bool,
     /// Part of it left memory and part stayed in place.
     partly_lost: bool,
-    /// It is in part or whole of a read-only mapping, which the kernel
-    /// would not move.
-    read_only: bool,
+    /// It is in part or whole of memory the kernel would not move.
+    unmovable: bool,
     /// Where pages the program moved away from it meanwhile live now.
     moved: Vec<(usize, usize)>,
     /// It left memory.
@@ -1397,7 +1395,8 @@ fn finish_folio(
                     .unevictable_folios
                     .fetch_add(1, Ordering::Relaxed);
             } else if was_protected
-                && (matches!(result, Err(StoreError::CompressPoor)) || kept == Some(Kept::ReadOnly))
+                && (matches!(result, Err(StoreError::CompressPoor))
+                    || kept == Some(Kept::Unmovable))
             {
                 // Taken again as it is, it would be refused again (it does
                 // not compress, or cannot move): it waits, write-protected,
@@ -1422,7 +1421,7 @@ fn finish_folio(
         lift: was_protected,
         bring_back,
         partly_lost,
-        read_only: kept == Some(Kept::ReadOnly),
+        unmovable: kept == Some(Kept::Unmovable),
         moved: extras.moved_ranges().collect(),
         gone: stored.is_some(),
     }
