@@ -806,9 +806,12 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                             // The mapping that cannot move stays (each
                             // folio's finish decides: one that left in part
                             // comes back whole), and the rest of the run
-                            // moves on after it.
-                            if let Some((_, mapping_end)) = memory.mapping_at(at) {
-                                piece_end = piece_end.min(mapping_end);
+                            // moves on after it. (A piece short of the run's
+                            // end was already cut to the mapping at `at`.)
+                            if piece_end == end {
+                                if let Some((_, mapping_end)) = memory.mapping_at(at) {
+                                    piece_end = mapping_end.min(end);
+                                }
                             }
                             let (lo, count) = piece_folios(piece_end);
                             kept.push((lo, count, Kept::Unmovable));
