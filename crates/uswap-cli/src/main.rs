@@ -6,6 +6,7 @@
 
 mod args;
 mod bench;
+mod limit;
 mod run;
 mod stats;
 mod train_dict;
@@ -49,6 +50,10 @@ enum Command {
     /// form, or --json), with resident, stored and pool bytes, the
     /// compression ratio and fault latency percentiles.
     Stats(stats::Args),
+    /// Change the memory limit of a running `uswap run` (its --memory-high),
+    /// as a write to a cgroup's memory.high does: lowered, what is over it
+    /// is compressed away at once. Root and the supervisor's own user only.
+    Limit(limit::Args),
 }
 
 #[derive(Subcommand)]
@@ -98,6 +103,7 @@ fn main() -> ExitCode {
         Command::Usemem(args) => usemem::run(&args),
         Command::Run(args) => run::run(&args).map(|never| match never {}),
         Command::Stats(args) => stats::run(&args),
+        Command::Limit(args) => limit::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

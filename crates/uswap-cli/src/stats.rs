@@ -80,23 +80,22 @@ fn fetch(pid: i32) -> Result<Report, String> {
     serde_json::from_slice(&json).map_err(|e| format!("the report of {pid}: {e}"))
 }
 
-/// The supervisors asked for.
-fn targets(args: &Args) -> Result<Vec<i32>, String> {
+/// The supervisor `pid` names: itself, or the one serving that program;
+/// with no pid, the only supervisor running.
+pub fn supervisor_of(pid: Option<i32>) -> Result<i32, String> {
     let running = supervisors();
-    match args.pid {
-        Some(pid) if running.contains(&pid) => Ok(vec![pid]),
+    match pid {
+        Some(pid) if running.contains(&pid) => Ok(pid),
         Some(pid) => running
             .iter()
             .copied()
             .find(|&s| fetch(s).is_ok_and(|r| r.served.contains(&pid)))
-            .map(|s| vec![s])
             .ok_or_else(|| format!("no uswap supervisor is or serves process {pid}")),
-        None if args.all => Ok(running),
         None => match running.as_slice() {
-            [one] => Ok(vec![*one]),
+            [one] => Ok(*one),
             [] => Err("no uswap supervisor is running".into()),
             many => Err(format!(
-                "{} supervisors are running ({}): name one, or use --all",
+                "{} supervisors are running ({}): name one",
                 many.len(),
                 many.iter()
                     .map(|p| p.to_string())
@@ -104,6 +103,15 @@ fn targets(args: &Args) -> Result<Vec<i32>, String> {
                     .join(", ")
             )),
         },
+    }
+}
+
+/// The supervisors asked for.
+fn targets(args: &Args) -> Result<Vec<i32>, String> {
+    if args.all {
+        Ok(supervisors())
+    } else {
+        supervisor_of(args.pid).map(|one| vec![one])
     }
 }
 

@@ -3,7 +3,7 @@
 //! uswap.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -643,6 +643,120 @@ fn uswap_stats_reads_a_running_supervisor() {
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     let after = run(Command::new(USWAP).args(["stats", &program.to_string()]));
     assert_eq!(after.status.code(), Some(1));
+}
+
+/// `uswap limit` changes a running supervisor's limit: lowered, what is
+/// over it goes at once; raised, the program brings its memory back and
+/// none is taken again. A limit under one folio, a bad size and a user
+/// other than root or the supervisor's own are refused, and the limit
+/// stays as it was. The program reads every byte right throughout.
+#[test]
+fn uswap_limit_changes_a_running_supervisors_limit() {
+    let exe = build("holder");
+    let mut sup = KillOnDrop(
+        Command::new(USWAP)
+            .args(["run", "--memory-high", "256M", "--"])
+            .arg(&exe)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(sup.0.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let program = first.strip_prefix("ready ").unwrap().to_string();
+    let report = || -> serde_json::Value {
+        let json = run(Command::new(USWAP).args(["stats", "--json", &program]));
+        assert!(json.status.success(), "{}", text(&json.stderr));
+        serde_json::from_slice(&json.stdout).unwrap()
+    };
+    // Polls the report until `done` holds, for at most 30 s.
+    let wait_for = |what: &str, done: &dyn Fn(&serde_json::Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = report();
+            if done(&r) {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "{what}: {r}");
+        }
+    };
+    let mib = 1u64 << 20;
+    // The 64 MiB it holds fit under 256M: all of it is picked up (scans
+    // every 100 ms), none goes.
+    let r = wait_for("the program's memory picked up", &|r| {
+        r["resident_bytes"].as_u64().unwrap() >= 60 * mib
+    });
+    assert_eq!(r["counters"]["zswpout"], 0, "{r}");
+
+    let lowered = run(Command::new(USWAP).args(["limit", "16M", &program]));
+    assert!(lowered.status.success(), "{}", text(&lowered.stderr));
+    assert_eq!(
+        text(&lowered.stdout).trim(),
+        format!("memory_high {}", 16 * mib)
+    );
+    let r = wait_for("resident memory down to the new limit", &|r| {
+        r["resident_bytes"].as_u64().unwrap() <= 16 * mib
+    });
+    assert_eq!(r["memory_high"], 16 * mib, "{r}");
+    assert!(r["counters"]["zswpout"].as_u64().unwrap() > 0, "{r}");
+
+    let raised = run(Command::new(USWAP).args(["limit", "1G", &program]));
+    assert!(raised.status.success(), "{}", text(&raised.stderr));
+    // The program reads all of its memory over and over: all of it comes
+    // back, and nothing leaves any more.
+    let back = wait_for("the program's memory back in", &|r| {
+        r["resident_bytes"].as_u64().unwrap() >= 60 * mib
+    });
+    let evicted = back["counters"]["evicted_folios"].as_u64().unwrap();
+
+    let refused = |args: &[&str], code: i32, says: &str| {
+        let out = run(Command::new(USWAP).args(args));
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    };
+    refused(&["limit", "4k", &program], 1, "less than one folio");
+    refused(&["limit", "12Q", &program], 2, "bad size");
+    refused(
+        &["limit", "16M", "1"],
+        1,
+        "no uswap supervisor is or serves process 1",
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let out = run(Command::new(USWAP)
+            .args(["limit", "16M", &program])
+            .uid(65534)
+            .gid(65534));
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("permission denied"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let r = report();
+    assert_eq!(r["memory_high"], 1u64 << 30, "{r}");
+    assert_eq!(
+        r["counters"]["evicted_folios"].as_u64().unwrap(),
+        evicted,
+        "{r}"
+    );
+
+    // SAFETY: asks the supervisor to end (it passes SIGTERM on).
+    unsafe { libc::kill(sup.0.id() as i32, libc::SIGTERM) };
+    sup.0.wait().unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!rest.iter().any(|l| l.contains("WRONG")), "{rest:?}");
 }
 
 /// Options from a config file; the environment and the command line

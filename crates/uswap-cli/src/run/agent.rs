@@ -56,25 +56,7 @@ pub struct Greeting {
 /// The pid of the process at the other end of `sock` when it connected, in
 /// this process's pid namespace (SO_PEERCRED: the kernel translates it).
 fn peer_pid(sock: &OwnedFd) -> io::Result<libc::pid_t> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: a valid socket, and a ucred-sized buffer with its length.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut libc::ucred as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let cred = super::control::peer_credentials(sock)?;
     if cred.pid <= 0 {
         return Err(io::Error::other("the agent's process is not visible here"));
     }

@@ -20,6 +20,7 @@
 
 mod agent;
 pub mod config;
+pub mod control;
 mod maps;
 pub mod report;
 
@@ -498,6 +499,25 @@ impl Supervisor {
         }
     }
 
+    /// Answers `uswap limit` (see [`control`]) until the program has exited.
+    fn control_loop(&self, listener: OwnedFd) {
+        let folio = self.rt.config().folio_size as u64;
+        while !self.done.load(Ordering::Acquire) {
+            if let Some(sock) = accept_within(&listener, &self.stop) {
+                control::serve_one(&sock, |bytes| {
+                    if bytes < folio {
+                        return Err(format!(
+                            "a limit of {bytes} bytes is less than one folio ({folio} bytes)"
+                        ));
+                    }
+                    self.rt
+                        .set_memory_high(bytes.min(usize::MAX as u64) as usize);
+                    Ok(self.rt.memory_high() as u64)
+                });
+            }
+        }
+    }
+
     /// Picks up new memory of every served image, and lets go of images
     /// that are gone.
     ///
@@ -634,6 +654,11 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     let listener = listen(&name, libc::SOCK_SEQPACKET)?;
     // SAFETY: getpid has no preconditions.
     let stats_listener = listen(&stats_socket(unsafe { libc::getpid() }), libc::SOCK_STREAM)?;
+    // SAFETY: getpid has no preconditions.
+    let control_listener = listen(
+        &control::control_socket(unsafe { libc::getpid() }),
+        libc::SOCK_SEQPACKET,
+    )?;
     let agent = agent_file()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{} {p}", agent.path.display()),
@@ -705,6 +730,13 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
             .spawn(move || sup.stats_loop(stats_listener))
             .map_err(|e| e.to_string())?
     };
+    let control = {
+        let sup = sup.clone();
+        std::thread::Builder::new()
+            .name("uswap-control".into())
+            .spawn(move || sup.control_loop(control_listener))
+            .map_err(|e| e.to_string())?
+    };
     let status = loop {
         match child.wait() {
             Ok(s) => break s,
@@ -716,6 +748,7 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
     acceptor.join().map_err(|_| "the accept thread panicked")?;
     scanner.join().map_err(|_| "the scan thread panicked")?;
     stats.join().map_err(|_| "the stats thread panicked")?;
+    control.join().map_err(|_| "the control thread panicked")?;
     if let Some(path) = &args.stats_file {
         std::fs::write(path, sup.report().vmstat())
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
