@@ -13,6 +13,10 @@
 #   faults: 2 processes x 256 MiB of corpus pages touched at random under
 #           32 MiB (every fault needs an eviction), 4 KiB pages (uswap also
 #           with 64 KiB folios)
+#   faults, no pressure: the same memory filled under 32 MiB, then the
+#           limit lifted to 4 GiB (the cgroup's limit; `uswap limit`) and
+#           4000 pages touched at random: swap-ins with no eviction beside
+#           them, the kernel's usual swap-in test
 #   floor:  the bare userfaultfd round trip (bench/probes/uffd-roundtrip.c),
 #           by where its handler runs and whether it sleeps
 #   usemem: 2 processes x 1536 MiB written then checked, under 1 GiB; and
@@ -37,6 +41,13 @@ for run in $(seq "$RUNS"); do
 	printf 'kernel zswap 4K      '; kernel 32M "$WORK/touch" faults 256 2 20000 $PAGES
 	printf 'uswap run 4K folios  '; "$USWAP" run --memory-high 32M --folio-size 4k --compressor lzo-rle -- "$WORK/touch" faults 256 2 20000 $PAGES
 	printf 'uswap run 64K folios '; "$USWAP" run --memory-high 32M --folio-size 64k --compressor lzo-rle -- "$WORK/touch" faults 256 2 20000 $PAGES
+	# touch runs TOUCH_AFTER_FILL with `sh -c`, whose parent ($PPID) is touch.
+	printf 'kernel zswap 4K, no pressure      '
+	TOUCH_AFTER_FILL="echo 4G > $CG/memory.limit_in_bytes" kernel 32M "$WORK/touch" faults 256 2 4000 $PAGES
+	for folio in 4k 64k; do
+		printf 'uswap run %-3s folios, no pressure ' $folio
+		TOUCH_AFTER_FILL="$USWAP limit 4G \$PPID > /dev/null" "$USWAP" run --memory-high 32M --folio-size $folio --compressor lzo-rle -- "$WORK/touch" faults 256 2 4000 $PAGES
+	done
 	printf 'kernel zswap         '; kernel 1G "$WORK/touch" usemem 1536 2
 	printf 'uswap run            '; "$USWAP" run --memory-high 1G --compressor lzo-rle -- "$WORK/touch" usemem 1536 2
 	for mode in threads processes; do

@@ -9,7 +9,12 @@
  *       faults` does), then touch FAULTS/PROCS pages at random that are not
  *       in memory (mincore), timing each touch. Prints the latency
  *       percentiles of all touches together and the pages brought in per
- *       second.
+ *       second. With TOUCH_AFTER_FILL set in the environment, every process
+ *       waits once it has filled its memory, until that shell command has
+ *       run (`sh -c`, its parent being this program): a command that lifts
+ *       the memory limit there turns the touches into swap-ins with no
+ *       eviction beside them (the no-pressure mode of `uswap bench faults`,
+ *       the kernel's usual swap-in test).
  *
  *   touch usemem SIZE_MB PROCS
  *       PROCS processes each write SIZE_MB (word i holds i, as usemem does),
@@ -119,12 +124,22 @@ static int faults(size_t size, int procs, long count, int files, char **names)
 	long per = count / procs;
 	uint64_t *lat = shared_map(sizeof(uint64_t) * (size_t)per * procs);
 	uint64_t *took = shared_map(sizeof(uint64_t) * procs);
+	/* [0]: processes done filling; [1]: set once they may touch. */
+	int *barrier = shared_map(2 * sizeof(int));
+	const char *after_fill = getenv("TOUCH_AFTER_FILL");
+	pid_t parent = getpid();
 	for (int p = 0; p < procs; p++) {
 		if (fork() == 0) {
 			size_t pages = size / PAGE;
 			char *mem = private_map(size);
 			for (size_t i = 0; i < pages; i++)
 				memcpy(mem + i * PAGE, corpus + (i * 7 % n) * PAGE, PAGE);
+			__atomic_add_fetch(&barrier[0], 1, __ATOMIC_SEQ_CST);
+			while (after_fill && !__atomic_load_n(&barrier[1], __ATOMIC_SEQ_CST)) {
+				if (getppid() != parent)
+					_exit(1);
+				usleep(1000);
+			}
 			uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(p + 1);
 			unsigned char in;
 			long done = 0;
@@ -145,6 +160,22 @@ static int faults(size_t size, int procs, long count, int files, char **names)
 				fprintf(stderr, "touch: only %ld of %ld touches met swapped pages\n", done, per);
 			_exit(done == per ? 0 : 1);
 		}
+	}
+	if (after_fill) {
+		while (__atomic_load_n(&barrier[0], __ATOMIC_SEQ_CST) < procs) {
+			int status;
+			if (waitpid(-1, &status, WNOHANG) > 0) {
+				fprintf(stderr, "touch: a process ended while filling (status %#x)\n", status);
+				exit(1);
+			}
+			usleep(1000);
+		}
+		int status = system(after_fill);
+		if (status != 0) {
+			fprintf(stderr, "touch: TOUCH_AFTER_FILL failed (status %#x)\n", status);
+			exit(1);
+		}
+		__atomic_store_n(&barrier[1], 1, __ATOMIC_SEQ_CST);
 	}
 	wait_all(procs);
 	size_t all = (size_t)per * procs;
