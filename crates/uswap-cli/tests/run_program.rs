@@ -932,6 +932,24 @@ fn a_stopped_process_does_not_stall_reclaim_for_the_others() {
     assert!(c["stopped_runs_left"] < 64, "{c:?}");
 }
 
+/// A process of the run is stopped and continued over and over while
+/// another needs room (`programs/stopflip.c`): a stop that lands while the
+/// reclaimer waits for the stopped process's agent held every fault that
+/// needed room until that process ran again, which the other lets it do
+/// only once its own memory is done; the program's alarm then reported a
+/// stalled round (2 of 6 runs at 8f5aacf). Such a stop does not come in every run
+/// (`slow_discards` counts those that came); `mm_defects`'s "faults do not
+/// wait for room behind a discard that does not return" holds one in every
+/// run.
+#[test]
+fn a_process_stopped_while_its_agent_is_asked_does_not_stall_the_others() {
+    let exe = build("stopflip");
+    let flags = ["--memory-high", "16M", "--rescan-ms", "5"];
+    let c = run_to_ok(&exe, &flags, &["300"], "stopflip ok", "stopflip");
+    assert!(c["evicted_folios"] > 0, "{c:?}");
+    assert!(c["stopped_folios_held"] > 0, "{c:?}");
+}
+
 /// A program marks memory MADV_WIPEONFORK and MADV_DONTFORK, lets it go
 /// out, and forks (`programs/forkadvice.c`): the child must read the first
 /// as zeros, as the kernel gives it, and new memory it maps where the

@@ -2658,6 +2658,36 @@ fn a_program_drop_at_the_start_of_a_drop_in_place_reads_as_zeros() {
     });
 }
 
+/// Found with `programs/stopflip.c` under `uswap run`: a process stopped
+/// (SIGSTOP, a debugger) after the reclaimer found it running and before
+/// its agent answered held the reclaimer until it was continued, and the
+/// faults that needed room in every other process waited as long (2 of 6
+/// runs of `stopflip 300` stalled). Here the reclaimer's drop is held as that agent holds it:
+/// faults far past the limit must go on meanwhile, and nothing is lost.
+#[test]
+fn faults_do_not_wait_for_room_behind_a_discard_that_does_not_return() {
+    within(Duration::from_secs(60), || {
+        let (rt, _region, base, len) = four_folios_with_a_drop_in_place_held();
+        let more = rt.map(4 * MIB).unwrap();
+        let words = Words::of(&more);
+        let per_page = PAGE / 8;
+        for i in (0..words.count).step_by(per_page) {
+            words.write(i, i as u64 ^ 0x77);
+        }
+        assert!(rt.stats().throttled > 0, "no fault needed room");
+        rt.release_drop();
+        assert!(
+            rt.stats().slow_discards > 0,
+            "the held drop was not counted"
+        );
+        rt.set_memory_high(16 * MIB);
+        for i in (0..words.count).step_by(per_page) {
+            assert_eq!(words.read(i), i as u64 ^ 0x77, "word {i} of the new memory");
+        }
+        check_range(base, base, base + len, "the folios of the held drop");
+    });
+}
+
 /// Four filled 64 KiB folios, managed with drops in place, and the
 /// reclaimer held just before it drops the oldest three (checked, and
 /// taken for its own drop; see `Runtime::hold_next_drop`).

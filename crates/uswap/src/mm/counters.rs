@@ -125,6 +125,12 @@ counters! {
     /// Runs of an eviction whose move or drop was not asked because their
     /// process was found stopped right before: they stay in memory.
     stopped_runs_left,
+    /// Discards (moves out, drops in place) that took the reclaimer
+    /// `DISCARD_STALL_MS` or longer: another process's agent answers only
+    /// while its process runs, and one that stopped after the reclaimer
+    /// looked holds it until continued. Meanwhile faults do not wait for
+    /// room, and memory may pass the limit.
+    slow_discards,
     /// Times the reclaimer passed over a folio the program had dropped
     /// pages of, in its grace (`drop_grace`): the kernel may not have
     /// zapped them yet (`folio::DROPPED`).

@@ -1748,12 +1748,15 @@ fn reclaim_idle(shared: &Shared) -> bool {
 }
 
 /// Whether bringing `incoming` bytes in now would pass `memory_high` plus
-/// the slack while the reclaimer can still free memory.
+/// the slack while the reclaimer can still free memory: it is not stuck,
+/// nor held in a discard that does not return (see
+/// `Shared::discard_stalled`).
 fn must_throttle(shared: &Shared, incoming: usize) -> bool {
     let limit = shared.reclaim_limit() + shared.config.slack_at(shared.memory_high());
     shared.resident.load(Ordering::Acquire) + incoming > limit
         && !shared.shutdown.load(Ordering::Acquire)
         && !shared.reclaim_stuck.load(Ordering::Acquire)
+        && !shared.discard_stalled()
 }
 
 /// Waits while [`must_throttle`] says so, in turn: a filler that began to

@@ -216,6 +216,10 @@ pub(crate) struct Shared {
     pub reclaimed: (Mutex<()>, Condvar),
     /// The reclaimer could not free anything: throttling would wait forever.
     pub reclaim_stuck: AtomicBool,
+    /// When the discard the reclaimer is in began (`now_ms` + 1, never 0),
+    /// or 0 outside one; set by the reclaimer alone (see
+    /// [`Shared::discard_stalled`]).
+    pub discard_since: AtomicU32,
     /// Faults handed to the fillers because they must wait for room, and
     /// not yet served. While there are any, the event thread hands on every
     /// fault that needs room too, so that room the reclaimer frees goes to
@@ -356,6 +360,12 @@ pub(crate) struct Unprotects {
 /// Lifts remembered for [`Unprotects::none_since`].
 const RECENT_LIFTS: usize = 64;
 
+/// How long a discard lasts before faults stop waiting for the reclaimer
+/// (see [`Shared::discard_stalled`]): a move out of a whole batch answers
+/// within a millisecond or two even on a busy machine, and a fault that
+/// waits for room waits in steps of 5 ms.
+const DISCARD_STALL_MS: u32 = 50;
+
 impl Unprotects {
     /// A write-protect fault is being served (before its folio is looked at).
     pub fn begin(&self) {
@@ -473,6 +483,7 @@ impl Runtime {
             reclaim_signal: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(()), Condvar::new()),
             reclaim_stuck: AtomicBool::new(false),
+            discard_since: AtomicU32::new(0),
             waiting_for_room: AtomicUsize::new(0),
             #[cfg(feature = "fault-injection")]
             flush_hold: Hold::new(),
@@ -1184,6 +1195,21 @@ impl Shared {
             regions,
         };
         self.counters.snapshot(self.store.stats(), gauges)
+    }
+
+    /// Whether the reclaimer has been in one discard (a move out or a drop
+    /// of stored pages) for [`DISCARD_STALL_MS`] or longer. Another
+    /// process's pages are discarded by its agent, which answers only while
+    /// that process runs: one stopped (SIGSTOP, job control, a debugger)
+    /// after the reclaimer found it running holds the reclaimer until it is
+    /// continued, and faults that waited for room in every other process
+    /// would wait as long (`programs/stopflip.c` under `uswap run` stalled
+    /// that way in 2 of 6 runs). Faults stop waiting meanwhile, as when the
+    /// reclaimer is stuck: memory may pass the limit until the process runs
+    /// again, and nothing is lost.
+    pub fn discard_stalled(&self) -> bool {
+        let since = self.discard_since.load(Ordering::Acquire);
+        since != 0 && self.now_ms().wrapping_add(1).wrapping_sub(since) >= DISCARD_STALL_MS
     }
 
     /// Milliseconds since the runtime started, wrapping after 49 days: the

@@ -1005,9 +1005,11 @@ fn drop_in_place(
         return InPlace::Changed;
     }
     shared.begin_own_drop(space.id, start, len);
-    #[cfg(feature = "fault-injection")]
-    shared.drop_hold.stop_if_armed(|| true);
-    let outcome = match memory.drop_pages(&space.uffd, start, len) {
+    let outcome = match timed_discard(shared, || {
+        #[cfg(feature = "fault-injection")]
+        shared.drop_hold.stop_if_armed(|| true);
+        memory.drop_pages(&space.uffd, start, len)
+    }) {
         Ok(()) | Err(DropError::Unmapped | DropError::Gone) => {
             shared
                 .counters
@@ -1676,11 +1678,31 @@ fn move_out(
             unmovable: false,
         }));
     } else {
-        memory.discard_quietly(ranges, settled, &mut discarded);
+        timed_discard(shared, || {
+            memory.discard_quietly(ranges, settled, &mut discarded)
+        });
     }
     assert_eq!(discarded.len(), ranges.len(), "one outcome per range moved");
     space.move_in_flight.store(false, Ordering::SeqCst);
     discarded
+}
+
+/// Runs `discard`, a move out or drop that may wait for the program (see
+/// [`Shared::discard_stalled`]), with its start published; counts it in
+/// `slow_discards` if it lasted that long.
+fn timed_discard<T>(shared: &Shared, discard: impl FnOnce() -> T) -> T {
+    shared
+        .discard_since
+        .store(shared.now_ms().wrapping_add(1).max(1), Ordering::Release);
+    let outcome = discard();
+    if shared.discard_stalled() {
+        shared
+            .counters
+            .slow_discards
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    shared.discard_since.store(0, Ordering::Release);
+    outcome
 }
 
 /// Reads the folios at `folios` (address, length) into `staging`, back to
