@@ -4,9 +4,8 @@
 //! in memory from then on. The supervisor's control socket takes the
 //! request (see `run::control`).
 
-use crate::run::abstract_addr;
+use crate::run::connect;
 use crate::run::control::{self, control_socket, Reply, Request};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,28 +20,8 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<(), String> {
     let supervisor = crate::stats::supervisor_of(args.pid)?;
-    // SAFETY: a plain socket call.
-    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    let (addr, len) = abstract_addr(&control_socket(supervisor));
-    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
-    if unsafe {
-        libc::connect(
-            sock.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    } != 0
-    {
-        return Err(format!(
-            "supervisor {supervisor} takes no requests: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    let sock = connect(&control_socket(supervisor), libc::SOCK_SEQPACKET)
+        .map_err(|e| format!("supervisor {supervisor} takes no requests: {e}"))?;
     control::send_message(&sock, &Request::MemoryHigh(args.size).encode())
         .map_err(|e| format!("asking supervisor {supervisor}: {e}"))?;
     let answer = control::receive_message(&sock)

@@ -2,9 +2,8 @@
 //! /proc/vmstat form or JSON, once or every few seconds.
 
 use crate::run::report::Report;
-use crate::run::{abstract_addr, stats_socket, STATS_PREFIX};
+use crate::run::{connect, stats_socket, STATS_PREFIX};
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 fn positive_seconds(s: &str) -> Result<f64, String> {
@@ -54,25 +53,8 @@ fn supervisors() -> Vec<i32> {
 
 /// One report from supervisor `pid`.
 fn fetch(pid: i32) -> Result<Report, String> {
-    // SAFETY: a plain socket call.
-    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    let (addr, len) = abstract_addr(&stats_socket(pid));
-    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
-    if unsafe {
-        libc::connect(
-            sock.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    } != 0
-    {
-        return Err(format!("no uswap supervisor with pid {pid}"));
-    }
+    let sock = connect(&stats_socket(pid), libc::SOCK_STREAM)
+        .map_err(|_| format!("no uswap supervisor with pid {pid}"))?;
     let mut json = Vec::new();
     std::fs::File::from(sock)
         .read_to_end(&mut json)

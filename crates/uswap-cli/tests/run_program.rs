@@ -406,27 +406,42 @@ fn the_agent_stays_out_of_the_way_when_no_supervisor_answers() {
     assert!(err.contains("no uswap supervisor answers"), "{err}");
 }
 
-/// The supervisor killed under a program whose memory it holds: the program
-/// is ended with a message; it never reads zeros in place of its pages.
-#[test]
-fn a_program_whose_supervisor_dies_is_ended_not_fed_zeros() {
+/// `programs/holder.c` under `uswap run --memory-high LIMIT`, its stderr
+/// as `stderr` says, once it has filled its memory: the supervisor (killed
+/// when dropped), the rest of the program's output, and the program's pid.
+fn holder_under(
+    limit: &str,
+    stderr: Stdio,
+) -> (
+    KillOnDrop,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    i32,
+) {
     let exe = build("holder");
     let mut sup = KillOnDrop(
         Command::new(USWAP)
-            .args(["run", "--memory-high", "16M", "--"])
+            .args(["run", "--memory-high", limit, "--"])
             .arg(&exe)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .unwrap(),
     );
     let mut lines = BufReader::new(sup.0.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
-    let pid: i32 = first
+    let pid = first
         .strip_prefix("ready ")
         .unwrap_or_else(|| panic!("{first}"))
         .parse()
         .unwrap();
+    (sup, lines, pid)
+}
+
+/// The supervisor killed under a program whose memory it holds: the program
+/// is ended with a message; it never reads zeros in place of its pages.
+#[test]
+fn a_program_whose_supervisor_dies_is_ended_not_fed_zeros() {
+    let (mut sup, lines, pid) = holder_under("16M", Stdio::piped());
     sup.0.kill().unwrap();
     sup.0.wait().unwrap();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -589,19 +604,7 @@ impl Drop for KillOnDrop {
 /// as `name value` lines or JSON; once the supervisor is gone, it says so.
 #[test]
 fn uswap_stats_reads_a_running_supervisor() {
-    let exe = build("holder");
-    let mut sup = KillOnDrop(
-        Command::new(USWAP)
-            .args(["run", "--memory-high", "16M", "--"])
-            .arg(&exe)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut lines = BufReader::new(sup.0.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    let program: i32 = first.strip_prefix("ready ").unwrap().parse().unwrap();
+    let (mut sup, _lines, program) = holder_under("16M", Stdio::null());
     // Memory the program maps after it starts is picked up by the next scan
     // (every 100 ms): ask until the report shows it swapping.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -652,19 +655,8 @@ fn uswap_stats_reads_a_running_supervisor() {
 /// stays as it was. The program reads every byte right throughout.
 #[test]
 fn uswap_limit_changes_a_running_supervisors_limit() {
-    let exe = build("holder");
-    let mut sup = KillOnDrop(
-        Command::new(USWAP)
-            .args(["run", "--memory-high", "256M", "--"])
-            .arg(&exe)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut lines = BufReader::new(sup.0.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    let program = first.strip_prefix("ready ").unwrap().to_string();
+    let (mut sup, lines, program) = holder_under("256M", Stdio::null());
+    let program = program.to_string();
     let report = || -> serde_json::Value {
         let json = run(Command::new(USWAP).args(["stats", "--json", &program]));
         assert!(json.status.success(), "{}", text(&json.stderr));

@@ -252,9 +252,34 @@ fn agent_socket_name() -> String {
 }
 
 /// The address of abstract unix socket `name`, and its length.
-pub fn abstract_addr(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
+fn abstract_addr(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
     uswap_protocol::wire::abstract_addr(name.as_bytes())
         .expect("uswap's socket names are short enough for a sockaddr_un")
+}
+
+/// A socket of `kind` (SOCK_SEQPACKET, SOCK_STREAM) connected to the
+/// abstract unix socket `name`.
+pub fn connect(name: &str, kind: libc::c_int) -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain socket call.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, kind | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    let (addr, len) = abstract_addr(name);
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    if unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(sock)
 }
 
 /// A listening abstract unix socket of `kind` (SOCK_SEQPACKET, SOCK_STREAM).
