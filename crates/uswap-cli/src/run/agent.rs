@@ -56,7 +56,7 @@ pub struct Greeting {
 /// The pid of the process at the other end of `sock` when it connected, in
 /// this process's pid namespace (SO_PEERCRED: the kernel translates it).
 fn peer_pid(sock: &OwnedFd) -> io::Result<libc::pid_t> {
-    let cred = super::control::peer_credentials(sock)?;
+    let cred = super::peer_credentials(sock)?;
     if cred.pid <= 0 {
         return Err(io::Error::other("the agent's process is not visible here"));
     }
@@ -75,20 +75,7 @@ impl AgentLink {
         let hello = Hello::decode(&packet)
             .ok_or_else(|| io::Error::other("not an agent of this uswap version"))?;
         let pid = peer_pid(&sock)?;
-        // SAFETY: a valid socket, and a timeval-sized option with its
-        // length.
-        let r = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &ANSWER_LOOK as *const libc::timeval as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        super::receive_within(&sock, ANSWER_LOOK)?;
         Ok((
             AgentLink {
                 sock,
@@ -225,10 +212,7 @@ impl AgentLink {
 /// How long a wait for an agent's answer goes before it looks whether the
 /// agent's thread still runs (see [`AgentLink::answer`]); the connection's
 /// receive timeout, set once at its hello.
-const ANSWER_LOOK: libc::timeval = libc::timeval {
-    tv_sec: 0,
-    tv_usec: 50_000,
-};
+const ANSWER_LOOK: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl AgentLink {
     /// Waits for the agent's next packet, as [`recv`] does, but not past

@@ -95,54 +95,6 @@ impl Reply {
     }
 }
 
-/// The credentials of the process at the other end of `sock` when it
-/// connected (SO_PEERCRED: the kernel fills them in, translated into this
-/// process's namespaces).
-pub(super) fn peer_credentials(sock: &OwnedFd) -> io::Result<libc::ucred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: a valid socket, and a ucred-sized buffer with its length.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut libc::ucred as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred)
-}
-
-/// Sets how long a receive on `sock` may wait.
-fn receive_within(sock: &OwnedFd, wait: Duration) -> io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: wait.as_secs() as libc::time_t,
-        tv_usec: wait.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: a valid socket, and a timeval with its size.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Sends one message on `sock`.
 pub(crate) fn send_message(sock: &OwnedFd, message: &[u8]) -> io::Result<()> {
     // SAFETY: a valid socket and buffer; MSG_NOSIGNAL turns a peer gone
@@ -187,9 +139,9 @@ pub(super) fn serve_one(sock: &OwnedFd, apply: impl FnOnce(u64) -> Result<u64, S
         // The request is read before anything is refused: closed with a
         // message unread, the socket would reset, and the client would see
         // that instead of the answer.
-        receive_within(sock, REQUEST_WAIT).map_err(|e| format!("SO_RCVTIMEO: {e}"))?;
+        super::receive_within(sock, REQUEST_WAIT).map_err(|e| format!("SO_RCVTIMEO: {e}"))?;
         let message = receive_message(sock).map_err(|e| format!("reading the request: {e}"))?;
-        let cred = peer_credentials(sock).map_err(|e| format!("SO_PEERCRED: {e}"))?;
+        let cred = super::peer_credentials(sock).map_err(|e| format!("SO_PEERCRED: {e}"))?;
         // SAFETY: geteuid has no preconditions.
         let own = unsafe { libc::geteuid() };
         if !may_control(cred.uid, own) {

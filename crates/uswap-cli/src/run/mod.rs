@@ -310,6 +310,54 @@ fn listen(name: &str, kind: libc::c_int) -> Result<OwnedFd, String> {
     Ok(sock)
 }
 
+/// The credentials of the process at the other end of `sock` when it
+/// connected (SO_PEERCRED: the kernel fills them in, translated into this
+/// process's namespaces).
+fn peer_credentials(sock: &OwnedFd) -> std::io::Result<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket, and a ucred-sized buffer with its length.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred)
+}
+
+/// Sets how long a receive on `sock` may wait.
+fn receive_within(sock: &OwnedFd, wait: Duration) -> std::io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_usec: wait.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: a valid socket, and a timeval with its size.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits (at most 50 ms) for a connection on `listener`; none once `stop`
 /// (an eventfd) is readable, which ends the wait at once.
 fn accept_within(listener: &OwnedFd, stop: &OwnedFd) -> Option<OwnedFd> {
