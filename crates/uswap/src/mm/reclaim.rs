@@ -54,6 +54,9 @@
 //! instead of recompressing the same folios: faults stop waiting for it
 //! (`reclaim_stuck`) and it retries after a growing pause. A plug refused
 //! only for its own contents is no reason to pause: the next may compress.
+//! Faults stop waiting as well while one discard has lasted 50 ms (another
+//! process's agent, stopped after the reclaimer found it running, answers
+//! only once continued; `Shared::discard_stalled`).
 
 use super::events::{self, FollowUp, Outcome};
 use super::folio::{
