@@ -2688,6 +2688,70 @@ fn faults_do_not_wait_for_room_behind_a_discard_that_does_not_return() {
     });
 }
 
+/// Found by reading: while a space's events are held for a move out in
+/// flight, the event readers look again after a yield and never sleep. A
+/// hold normally lasts microseconds, but one held by a process stopped
+/// while its agent was asked lasts until it is continued (a debugger's
+/// stop, say): a CPU stayed busy all along. Once the move has stalled, the
+/// readers sleep between looks; the held events are read once it returns.
+/// (Run in a child process: the readers of other tests' runtimes would
+/// count too.)
+#[test]
+fn event_readers_sleep_while_a_stalled_move_holds_events() {
+    in_own_process(
+        this_test!(),
+        Duration::from_secs(60),
+        readers_under_a_stalled_hold_child,
+    );
+}
+
+fn readers_under_a_stalled_hold_child() {
+    {
+        let (rt, _region, base, len) = filled_region(FOLIO, 4, true);
+        rt.hold_events_as_a_stalled_move();
+        let busy = |since: u64| readers_cpu_ticks() - since;
+        let before = readers_cpu_ticks();
+        let start = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(600));
+        let ticks = busy(before);
+        let wall = start.elapsed();
+        rt.release_stalled_hold();
+        // Clock ticks are hundredths of a second: a reader looking again
+        // after a yield all along took about 60 of them.
+        assert!(
+            ticks < 15,
+            "the event readers took {ticks} ticks of CPU in {wall:?} of a stalled hold"
+        );
+        rt.set_memory_high(FOLIO);
+        check_range(base, base, base + len, "after the hold");
+    }
+}
+
+/// CPU time (user and system, in clock ticks) of this process's event
+/// readers so far.
+fn readers_cpu_ticks() -> u64 {
+    let mut sum = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("uswap-uffd") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // After the command's closing parenthesis: state is field 3, utime
+        // and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if fields.len() > 12 {
+            sum += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        }
+    }
+    sum
+}
+
 /// Four filled 64 KiB folios, managed with drops in place, and the
 /// reclaimer held just before it drops the oldest three (checked, and
 /// taken for its own drop; see `Runtime::hold_next_drop`).

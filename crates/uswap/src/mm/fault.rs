@@ -76,6 +76,15 @@ use std::time::{Duration, Instant};
 /// others gone within this.
 const ENDING_POLL_MS: i32 = 1;
 
+/// How long an event reader sleeps in poll between looks at a space whose
+/// events are held, once the discard that holds them has stalled
+/// (`Shared::discard_stalled`): a hold normally ends within a millisecond
+/// and is looked at again after a yield, but one held by a process that
+/// stopped while its agent was asked lasts until that process runs again,
+/// and looking after a yield all along kept a CPU busy as long. The other
+/// spaces' events still wake the poll at once.
+const STALLED_HOLD_POLL_MS: i32 = 1;
+
 /// The poll timeout while the runtime runs
 /// (`RuntimeConfig::event_poll_timeout`), or once it is ending.
 fn poll_timeout(shared: &Shared) -> i32 {
@@ -830,8 +839,9 @@ fn read_and_serve(
 /// Sleeps in poll (for at most `RuntimeConfig::event_poll_timeout`) until
 /// some live space not held has an event pending, and returns whether some
 /// space is held.
-/// It does not sleep where one is, nor where `pollfds` would have to grow
-/// and the gate is not to be had (see [`read_and_serve`]).
+/// It does not sleep where one is (but for [`STALLED_HOLD_POLL_MS`] where
+/// the discard holding it has stalled), nor where `pollfds` would have to
+/// grow and the gate is not to be had (see [`read_and_serve`]).
 fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
     let spaces = shared.spaces.read().expect("spaces lock");
     if room_in_poll_list(shared, pollfds, spaces.len()) < spaces.len() {
@@ -842,15 +852,15 @@ fn wait_for_events(shared: &Shared, pollfds: &mut Vec<libc::pollfd>) -> bool {
         matches!(hold_of(shared, s), Hold::Held)
     });
     drop(spaces);
-    if !held {
-        // SAFETY: `pollfds` is a valid array of its length for the call.
-        let ready = unsafe {
-            libc::poll(
-                pollfds.as_mut_ptr(),
-                pollfds.len() as libc::nfds_t,
-                poll_timeout(shared),
-            )
+    if !held || shared.discard_stalled() {
+        let timeout = if held {
+            STALLED_HOLD_POLL_MS
+        } else {
+            poll_timeout(shared)
         };
+        // SAFETY: `pollfds` is a valid array of its length for the call.
+        let ready =
+            unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) };
         if ready > 0 {
             take_space_announcement(shared, pollfds);
         }
@@ -968,13 +978,17 @@ impl EventThread<'_> {
             let fit = room_in_poll_list(shared, pollfds, spaces.len());
             // A held space is left out, and looked at again at once: the
             // hold ends when the reclaimer's call returns, which yielding
-            // lets it do.
+            // lets it do; once that call has stalled, after a short sleep
+            // (see `STALLED_HOLD_POLL_MS`).
             let held = fill_poll_list(shared, pollfds, &spaces[..fit], |s| events_held(shared, s));
             drop(spaces);
+            let stalled = held && shared.discard_stalled();
             // Not while the fillers work: the CPU is theirs.
             let spinning = self.last_event.elapsed() < shared.config.event_spin
                 && shared.filler_jobs.load(Ordering::Acquire) == 0;
-            let timeout = if spinning || held || !sleep {
+            let timeout = if stalled {
+                STALLED_HOLD_POLL_MS
+            } else if spinning || held || !sleep {
                 0
             } else {
                 poll_timeout(shared)
@@ -990,7 +1004,9 @@ impl EventThread<'_> {
                     shared.handoff_pays.tell(false);
                 }
                 if held {
-                    std::thread::yield_now();
+                    if !stalled {
+                        std::thread::yield_now();
+                    }
                 } else if spinning {
                     // Near the limit the reclaimer and the engines need the
                     // CPU: looking again after a yield still spares the

@@ -1011,6 +1011,33 @@ impl Runtime {
     pub fn gate_waits(&self) -> u64 {
         self.shared.gate_waits.load(Ordering::Relaxed)
     }
+
+    /// Tests: the runtime's own events are held as by a move out in flight
+    /// that has stalled (another process's agent, stopped mid-request; see
+    /// [`Shared::discard_stalled`]), until [`Runtime::release_stalled_hold`].
+    /// Only while the reclaimer is idle: its own moves set and clear the
+    /// same flags.
+    #[cfg(feature = "fault-injection")]
+    pub fn hold_events_as_a_stalled_move(&self) {
+        let since = self.shared.now_ms().wrapping_sub(DISCARD_STALL_MS);
+        self.shared
+            .discard_since
+            .store(since.max(1), Ordering::Release);
+        self.shared
+            .own_space()
+            .move_in_flight
+            .store(true, Ordering::SeqCst);
+    }
+
+    /// Tests: ends [`Runtime::hold_events_as_a_stalled_move`].
+    #[cfg(feature = "fault-injection")]
+    pub fn release_stalled_hold(&self) {
+        self.shared
+            .own_space()
+            .move_in_flight
+            .store(false, Ordering::SeqCst);
+        self.shared.discard_since.store(0, Ordering::Release);
+    }
 }
 
 /// Tests: a place where a runtime thread stops while a test holds it.
