@@ -48,6 +48,19 @@
 //! all busy they take CPU from the program (`uswap run ... touch usemem
 //! 1536 2`: elapsed 3-7% longer than with one reader, 4 of 4 pairs).
 //!
+//! One role is also this design's limit: two processes faulting at once
+//! are served by whichever reader holds it, one fault after the other, and
+//! the other process's CPU halts while it waits, so that its wake-up is
+//! a cross-CPU one (58-65 us here in `uffd-roundtrip`'s "other CPU", 3.3
+//! us on the same CPU). No-pressure 4K touches (`bench/touch.c` with
+//! `TOUCH_AFTER_FILL='uswap limit 4G $PPID'`, as `bench/side-by-side.sh`
+//! runs them): p50 9.8-10.0 us with one process against 20.5-24.2 us
+//! with two; the kernel's zswap, which serves each fault on its own
+//! thread, 5.9-6.2 us. Priorities, spinning or not, waiting readers that
+//! spin, and passing faults to the reader that woke for them all left it
+//! there (2026-11-28). Readers that read and serve on their own CPUs in
+//! parallel (several event-thread states, not one role) are the way on.
+//!
 //! Every read happens under the event gate's write side, and the
 //! non-fault events read are applied to the bookkeeping before the gate is
 //! released ([`super::events`]); faults are queued and served after.
