@@ -50,16 +50,27 @@
 //!
 //! One role is also this design's limit: two processes faulting at once
 //! are served by whichever reader holds it, one fault after the other, and
-//! the other process's CPU halts while it waits, so that its wake-up is
-//! a cross-CPU one (58-65 us here in `uffd-roundtrip`'s "other CPU", 3.3
-//! us on the same CPU). No-pressure 4K touches (`bench/touch.c` with
+//! the other process's CPU idles while it waits, so that its wake-up is a
+//! cross-CPU one. No-pressure 4K touches (`bench/touch.c` with
 //! `TOUCH_AFTER_FILL='uswap limit 4G $PPID'`, as `bench/side-by-side.sh`
-//! runs them): p50 9.8-10.0 us with one process against 20.5-24.2 us
-//! with two; the kernel's zswap, which serves each fault on its own
-//! thread, 5.9-6.2 us. Priorities, spinning or not, waiting readers that
-//! spin, and passing faults to the reader that woke for them all left it
-//! there (2026-11-28). Readers that read and serve on their own CPUs in
-//! parallel (several event-thread states, not one role) are the way on.
+//! runs them): p50 9.8-10.0 us with one process against 20.3-24.2 us with
+//! two; the kernel's zswap, which serves each fault on its own thread,
+//! 5.9-6.2 us. On the build machine's VM an idle vCPU halts at once
+//! (booted with haltpoll.guest_halt_poll_ns=0), and a wake-up on the other
+//! CPU costs 62-67 us (`uffd-roundtrip`'s "other CPU"; 3.1-3.4 us on the
+//! same CPU); with idle CPUs polling for KVM's default of 200 us, 6.0-6.4
+//! us, and the two processes' p50 16.7-17.2 us against 20.3-22.2 us
+//! (`HALT_POLL_NS=200000 bench/side-by-side.sh 3` and the same without,
+//! back to back). Priorities, spinning or not, waiting readers that spin,
+//! and passing faults to the reader that woke for them all left it there;
+//! so did readers that each read a share of the address spaces (by id) on
+//! their own CPU and served it outside the role (a prototype, not kept,
+//! 2026-11-28): the scheduler kept both programs on one CPU while the
+//! other CPU's reader spun, p50 39-44 us; with halt polling, 15-16 us
+//! where the two programs fell into different shares, against 16-18 us.
+//! What is left is the service of each fault, about 10 us on one CPU (the
+//! same-CPU round trip, decompression 2.7 us, the 4 KiB copy 1.2 us, and
+//! the bookkeeping), against 6 us for the kernel's whole fault.
 //!
 //! Every read happens under the event gate's write side, and the
 //! non-fault events read are applied to the bookkeeping before the gate is
