@@ -3217,6 +3217,100 @@ fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
     });
 }
 
+/// A process's events are held while its agent moves pages of it out, and
+/// only that long: once the agent has answered (every move returned), they
+/// are read before the reclaimer has taken the answer. Under `uswap run`
+/// the reclaimer took the answer over 10 us after it came in most moves,
+/// and over 100 us after in some (see `reclaim.rs`, `move_out`), and every
+/// fault and unmap of the process waited with it. The dropper here answers (its moves made), then
+/// waits for the test before it returns, as a reclaimer not yet run; the
+/// test drops a folio of the same process meanwhile, whose madvise returns
+/// only once its event is read.
+#[test]
+fn a_process_events_are_read_once_its_agent_has_answered_a_move() {
+    use uswap::mm::memory::{Discarded, DropPages};
+    /// Where the ranges of a request are told.
+    type Tell = std::sync::mpsc::Sender<Vec<(usize, usize)>>;
+    struct AnswersFirst {
+        moves: AgentMoves,
+        answered: AtomicBool,
+        /// The ranges of the first request, once answered.
+        told: std::sync::Mutex<Option<Tell>>,
+        /// The test's word that it is done, for the first request.
+        release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+        /// Whether the first request gave up waiting for it.
+        waited_out: Arc<AtomicBool>,
+    }
+    impl DropPages for AnswersFirst {
+        fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+            self.moves.drop_pages(start, len)
+        }
+        fn move_out(&self, start: usize, len: usize) -> Discarded {
+            self.moves.move_out(start, len)
+        }
+        fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+            out.extend(
+                ranges
+                    .iter()
+                    .map(|&(start, len)| self.moves.move_out(start, len)),
+            );
+            self.answered.store(true, Ordering::SeqCst);
+            if let Some(told) = self.told.lock().unwrap().take() {
+                told.send(ranges.to_vec()).unwrap();
+                let waited = self.release.lock().unwrap();
+                if waited.recv_timeout(Duration::from_secs(5)).is_err() {
+                    self.waited_out.store(true, Ordering::SeqCst);
+                }
+            }
+            self.answered.store(false, Ordering::SeqCst);
+        }
+        fn moves_answered(&self) -> bool {
+            self.answered.load(Ordering::SeqCst)
+        }
+    }
+    within(Duration::from_secs(60), || {
+        let (rt, uffd, moves, _) = runtime_with_agent(None);
+        let (told, ranges) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel();
+        let waited_out = Arc::new(AtomicBool::new(false));
+        let dropper = AnswersFirst {
+            moves,
+            answered: AtomicBool::new(false),
+            told: std::sync::Mutex::new(Some(told)),
+            release: std::sync::Mutex::new(released),
+            waited_out: waited_out.clone(),
+        };
+        let (attached, base, len) = attach_filled(&rt, uffd, Box::new(dropper));
+        rt.reclaim_now();
+        let moving = ranges
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("no move was asked for: {:?}", rt.stats()));
+        // The last folio: filled last, so not among the first evicted.
+        let dropped = base + len - FOLIO;
+        assert!(
+            moving
+                .iter()
+                .all(|&(at, n)| dropped >= at + n || dropped + FOLIO <= at),
+            "the folio to drop is being moved: {moving:x?}"
+        );
+        drop_here(dropped, FOLIO).expect("dropping a folio");
+        release.send(()).unwrap();
+        assert!(
+            !waited_out.load(Ordering::SeqCst),
+            "the drop's event was read only once the reclaimer took the answer"
+        );
+        evict_to_limit(&rt);
+        check_range(base, base, dropped, "the folios kept");
+        for addr in (dropped..dropped + FOLIO).step_by(8) {
+            // SAFETY: inside the test's own mapped region.
+            let v = unsafe { std::ptr::read_volatile(addr as *const u64) };
+            assert_eq!(v, 0, "a dropped word at +{:#x}", addr - base);
+        }
+        assert_eq!(rt.stats().store.decompress_fail, 0);
+        drop(attached);
+    });
+}
+
 /// The first moves of an eviction batch's runs go to another process's
 /// agent in one request (`DropPages::move_out_all`), and each run is
 /// finished by the outcome of its own range: a folio whose pages moved out

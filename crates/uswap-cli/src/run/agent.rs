@@ -5,6 +5,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use uswap::mm::memory::{Discarded, DropError, DropPages};
 use uswap_protocol::{wire, Dropped, Hello, MovedOut, Request, Verdict, DISCARD_RANGES, PACKET};
@@ -16,6 +17,9 @@ pub struct AgentLink {
     pid: libc::pid_t,
     /// The last request's number; held for a whole request and answer.
     seq: Mutex<u64>,
+    /// Set while the request in flight is the last of a
+    /// [`DropPages::move_out_all`] (see [`AgentLink::answered`]).
+    last_of_moves: AtomicBool,
 }
 
 fn send(sock: RawFd, packet: &[u8; PACKET]) -> io::Result<()> {
@@ -81,6 +85,7 @@ impl AgentLink {
                 sock,
                 pid,
                 seq: Mutex::new(0),
+                last_of_moves: AtomicBool::new(false),
             },
             Greeting { hello, uffd, pid },
         ))
@@ -121,6 +126,10 @@ impl DropPages for AgentLink {
         }
     }
 
+    fn moves_answered(&self) -> bool {
+        self.answered()
+    }
+
     fn move_out(&self, start: usize, len: usize) -> Discarded {
         let mut out = Vec::with_capacity(1);
         self.move_out_all(&[(start, len)], &mut out);
@@ -130,11 +139,15 @@ impl DropPages for AgentLink {
     /// One request per [`DISCARD_RANGES`] ranges: the agent moves them one
     /// after the other and answers for all.
     fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
-        for chunk in ranges.chunks(DISCARD_RANGES) {
+        let requests = ranges.len().div_ceil(DISCARD_RANGES);
+        for (k, chunk) in ranges.chunks(DISCARD_RANGES).enumerate() {
             let mut asked = [(0, 0); DISCARD_RANGES];
             for (a, &(start, len)) in asked.iter_mut().zip(chunk) {
                 *a = (start as u64, len as u64);
             }
+            // Before the request goes: its answer is looked for from then on.
+            self.last_of_moves
+                .store(k + 1 == requests, Ordering::SeqCst);
             let answer = self.ask(
                 |seq| Request::Discard {
                     seq,
@@ -181,6 +194,31 @@ impl DropPages for AgentLink {
 }
 
 impl AgentLink {
+    /// Whether the agent's answer to the request in flight has come (see
+    /// `DropPages::moves_answered`): the agent answers a request only once
+    /// all its moves have returned, and sends nothing else. Not where the
+    /// connection hung up: the agent thread may be inside a move yet (see
+    /// [`AgentLink::lost`]).
+    ///
+    /// Only the last request of a [`DropPages::move_out_all`] counts: the
+    /// ranges of the next were checked with the first, and must not have
+    /// the process's events read before they move.
+    fn answered(&self) -> bool {
+        if !self.last_of_moves.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, valid for the call.
+        let ready = unsafe { libc::poll(&mut p, 1, 0) };
+        ready == 1
+            && p.revents & libc::POLLIN != 0
+            && p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) == 0
+    }
+
     /// Sends the request `make` builds with the next number, and waits for
     /// its answer, which `read` decodes into its number and contents.
     fn ask<T>(

@@ -117,6 +117,10 @@ impl DropPages for Dropper {
     fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
         self.0.move_out_all(ranges, out)
     }
+
+    fn moves_answered(&self) -> bool {
+        self.0.moves_answered()
+    }
 }
 
 /// The program's pid, for the signal handlers (0: not started).

@@ -81,6 +81,7 @@ use super::folio::{
     self, CLEAN, EVICTING, GONE, INHERITING, LOADING, POISONED, RESIDENT, SWAPPED, UNFIT,
     UNTOUCHED, ZEROING,
 };
+use super::memory::Memory;
 use super::space::{Owner, RegionInner, Space};
 use super::swapin::{self, Pass, Server, SwappedIn, Worker};
 use super::uffd::{Event, Partial, UffdError};
@@ -324,8 +325,12 @@ enum Hold {
 /// Looks at the hold on `space`'s events, changing nothing.
 fn hold_of(shared: &Shared, space: &Space) -> Hold {
     // SeqCst: paired with `Shared::unapplied` (see `reclaim.rs`,
-    // `move_out`).
-    if space.move_in_flight.load(Ordering::SeqCst) {
+    // `move_out`). A move whose agent has answered holds nothing more: its
+    // moves have all returned, and the reclaimer, which takes the answer
+    // and then ends the hold, may not run for a while on a busy machine.
+    if space.move_in_flight.load(Ordering::SeqCst)
+        && !space.memory.get().is_some_and(Memory::moves_answered)
+    {
         return Hold::Held;
     }
     let held_for = space.events_held_for.load(Ordering::Acquire);
@@ -486,8 +491,8 @@ impl EventThread<'_> {
     /// one mapping at a time.)
     ///
     /// Nor is anything read from a space while another process's agent
-    /// moves pages of it out for the reclaimer (see `reclaim.rs`,
-    /// `move_out`).
+    /// moves pages of it out for the reclaimer, until the agent has
+    /// answered (see `reclaim.rs`, `move_out`).
     fn read_raw(&mut self) -> usize {
         let shared = self.shared;
         let spaces = shared.spaces.read().expect("spaces lock");

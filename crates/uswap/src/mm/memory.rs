@@ -92,6 +92,17 @@ pub trait DropPages: Send + Sync {
     fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
         out.extend(ranges.iter().map(|&(start, len)| self.move_out(start, len)));
     }
+
+    /// Asked only while a [`DropPages::move_out_all`] is in flight, from
+    /// other threads: whether every move it asked for has returned already
+    /// (an agent's answer has come, not yet taken by the caller). The
+    /// runtime reads none of the process's events while its moves are in
+    /// flight (see `reclaim.rs`, `move_out`); from here on it may, as it
+    /// would once the call has returned. False where only the return says
+    /// so.
+    fn moves_answered(&self) -> bool {
+        false
+    }
 }
 
 /// The memory of an address space the runtime evicts from.
@@ -176,6 +187,17 @@ impl Memory {
         let stopped = is_stopped(stat);
         *stopped_at.lock().expect("stopped lock") = stopped.then(std::time::Instant::now);
         stopped
+    }
+
+    /// Whether the moves out asked of another process's agent in a
+    /// [`DropPages::move_out_all`] still in flight have all returned (see
+    /// [`DropPages::moves_answered`]); never for the runtime's own memory,
+    /// whose moves are made under the event gate.
+    pub fn moves_answered(&self) -> bool {
+        match self {
+            Memory::Remote { dropper, .. } => dropper.moves_answered(),
+            Memory::Own { .. } => false,
+        }
     }
 
     /// Whether the process was stopped when last looked at (by

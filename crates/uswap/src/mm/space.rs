@@ -397,7 +397,7 @@ pub(crate) struct Space {
     pub events_held_at: AtomicU32,
     /// While the reclaimer waits for another process's agent to move pages
     /// of this space out (`reclaim.rs`, `move_out`): nothing is read from
-    /// the descriptor meanwhile.
+    /// the descriptor meanwhile, until the agent has answered.
     pub move_in_flight: AtomicBool,
     /// The program's drops whose zap may still be to come (see
     /// [`UnsettledDrop`]); `has_unsettled_drops` says whether there are any
