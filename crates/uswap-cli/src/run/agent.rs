@@ -322,3 +322,53 @@ impl Drop for AgentLink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link over one end of a socket pair; the other end, the agent's.
+    fn link() -> (AgentLink, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: socketpair fills both descriptors on success.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0, "socketpair: {}", io::Error::last_os_error());
+        // SAFETY: two new descriptors, owned by nobody else.
+        let (ours, agents) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let link = AgentLink {
+            sock: ours,
+            pid: 0,
+            seq: Mutex::new(0),
+            last_of_moves: AtomicBool::new(false),
+        };
+        (link, agents)
+    }
+
+    #[test]
+    fn moves_count_as_answered_only_for_the_last_request_and_never_once_hung_up() {
+        let (link, agent) = link();
+        link.last_of_moves.store(true, Ordering::SeqCst);
+        assert!(!link.answered(), "no answer has come");
+        send(agent.as_raw_fd(), &[0; PACKET]).expect("answering");
+        assert!(link.answered(), "the answer to the last request has come");
+        link.last_of_moves.store(false, Ordering::SeqCst);
+        assert!(
+            !link.answered(),
+            "an answer to a request with more of the batch to follow"
+        );
+        link.last_of_moves.store(true, Ordering::SeqCst);
+        drop(agent);
+        assert!(
+            !link.answered(),
+            "the agent hung up: its thread may be inside a move yet"
+        );
+    }
+}
