@@ -3222,10 +3222,10 @@ fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
 /// are read before the reclaimer has taken the answer. Under `uswap run`
 /// the reclaimer took the answer over 10 us after it came in most moves,
 /// and over 100 us after in some (see `reclaim.rs`, `move_out`), and every
-/// fault and unmap of the process waited with it. The dropper here answers (its moves made), then
-/// waits for the test before it returns, as a reclaimer not yet run; the
-/// test drops a folio of the same process meanwhile, whose madvise returns
-/// only once its event is read.
+/// fault and unmap of the process waited with it. The dropper here answers
+/// (its moves made), then waits for the test before it returns, as a
+/// reclaimer not yet run; the test drops a folio of the same process
+/// meanwhile, whose madvise returns only once its event is read.
 #[test]
 fn a_process_events_are_read_once_its_agent_has_answered_a_move() {
     use uswap::mm::memory::{Discarded, DropPages};
