@@ -851,9 +851,17 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
         std::process::exit(code);
     }
     let sig = status.signal().unwrap_or(libc::SIGKILL);
-    // Die the same way, so that whoever started us sees what happened.
-    // SAFETY: restoring the default action, then raising the signal.
+    // Die the same way, so that whoever started us sees what happened, but
+    // dump no core: the program dumped its own if it was to, and ours
+    // would take its place where cores go to one file name (`core`, the
+    // kernel's default) or stand beside it as a second crash.
+    // SAFETY: a prctl on this process's own flag, restoring the default
+    // action, then raising the signal.
     unsafe {
+        if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+            // Dying by a signal that dumps cores would then dump ours.
+            std::process::exit(128 + sig);
+        }
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
     }
