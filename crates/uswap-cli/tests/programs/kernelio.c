@@ -1,8 +1,9 @@
 /* The kernel reading and writing managed memory for the program, most of it
  * stored: write() from it, read() into it at unaligned places (pages part
  * overwritten), O_DIRECT reads into it (the pages pinned while the disk
- * fills them), and another process reading it (process_vm_readv,
- * /proc/PID/mem).
+ * fills them; the pages that take them were faulted in by the read,
+ * the newest, while the oldest go out), and another process reading it
+ * (process_vm_readv, /proc/PID/mem).
  *
  * kernelio MIB DIR [ROUNDS]: DIR holds the data file (O_DIRECT needs a
  * file system that has it). What the memory should hold is kept in a
@@ -98,16 +99,15 @@ static void *new_memory(void *arg) {
     return arg;
 }
 
-/* O_DIRECT reads of [0, part) into `mem` from two threads, two more
- * writing new memory meanwhile. */
-static int direct_read_all(int dfd, size_t part) {
+/* O_DIRECT reads of [0, part) into `mem` from two threads; with `stir`,
+ * two more write new memory meanwhile. */
+static int direct_read_all(int dfd, size_t part, int stir) {
     pthread_t t[4];
     struct reads r[2] = {{dfd, 0, part / 2, 0}, {dfd, part / 2, part, 0}};
-    pthread_create(&t[0], 0, new_memory, 0);
-    pthread_create(&t[1], 0, new_memory, 0);
-    pthread_create(&t[2], 0, direct_reads, &r[0]);
-    pthread_create(&t[3], 0, direct_reads, &r[1]);
-    for (int i = 0; i < 4; i++) pthread_join(t[i], 0);
+    pthread_create(&t[0], 0, direct_reads, &r[0]);
+    pthread_create(&t[1], 0, direct_reads, &r[1]);
+    for (int i = 2; stir && i < 4; i++) pthread_create(&t[i], 0, new_memory, 0);
+    for (int i = 0; i < (stir ? 4 : 2); i++) pthread_join(t[i], 0);
     int err = r[0].err ? r[0].err : r[1].err;
     if (err) printf("O_DIRECT read failed: %s\n", strerror(err));
     return err != 0;
@@ -190,14 +190,14 @@ int main(int argc, char **argv) {
         bad |= rounds > 0;
     } else {
         put(fd, len, 3);
-        bad |= direct_read_all(dfd, len);
+        bad |= direct_read_all(dfd, len, 0);
         bad |= check("O_DIRECT read into stored memory");
         size_t part = len < 16 * MIB ? len : 16 * MIB;
         size_t lost = 0;
         for (int round = 0; round < rounds; round++) {
             put(fd, part, 10 + round);
             for (size_t i = 0; i < part; i += PAGE) mem[i] = want[i];
-            bad |= direct_read_all(dfd, part);
+            bad |= direct_read_all(dfd, part, 1);
             for (size_t i = 0; i < part; i += PAGE) lost += memcmp(mem + i, want + i, PAGE) != 0;
         }
         if (rounds > 0) {
