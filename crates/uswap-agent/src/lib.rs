@@ -75,8 +75,8 @@ use std::sync::OnceLock;
 mod maps;
 mod mremap;
 use uswap_protocol::{
-    wire, Dropped, Hello, MovedOut, Request, Verdict, AGENT_THREAD_NAME_C, BEACON_PAGES,
-    DISCARD_RANGES, PACKET, SOCKET_ENV_C,
+    content_hash, wire, Dropped, Hello, MovedOut, Request, Verdict, AGENT_THREAD_NAME_C,
+    BEACON_PAGES, DISCARD_RANGES, PACKET, SOCKET_ENV_C,
 };
 
 /// The connection to the supervisor (-1: none).
@@ -428,7 +428,10 @@ fn empty_scratch() -> Scratch {
 /// move: write-protecting it again changes nothing but answers EAGAIN
 /// while an event is unread and ENOENT where part of it is no longer
 /// registered; and the move itself is refused while an event is unread.
-fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
+///
+/// `expect` (not 0): the hash of the bytes the supervisor stored for the
+/// range, which what moved must match ([`checked`]).
+fn move_out(scratch: &mut Scratch, start: usize, len: usize, expect: u64) -> (u64, i32) {
     if len > SCRATCH {
         return (0, libc::EINVAL);
     }
@@ -477,17 +480,60 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize) -> (u64, i32) {
                 emptied = true;
                 continue;
             }
-            Ok(()) => {
-                *scratch = Scratch::Filled(at + len);
-                return (len as u64, 0);
-            }
+            Ok(()) => return checked(scratch, at, start, len, 0, expect),
             Err(e) => {
                 let moved = (m[4] as i64).max(0) as usize / PAGE * PAGE;
-                *scratch = Scratch::Filled(at + moved);
-                return (moved as u64, e);
+                return checked(scratch, at, start, moved, e, expect);
             }
         }
     }
+}
+
+/// The outcome of a move of `moved` bytes from `start` into the scratch at
+/// `at`, stopped by `errno` (0: none), once checked against `expect` (see
+/// [`Request::Discard`]): where what moved does not hash to it (a page
+/// pinned for a device's write changed after the supervisor's copy, and
+/// moved once unpinned), or where the move stopped part way (what moved
+/// cannot be checked alone), the pages go back where they were and nothing
+/// moved (ESTALE where the move had not stopped, its errno where it had).
+/// ESTALE with what moved counted where they did not all go back: the move
+/// back is refused once an event of the program has come in.
+fn checked(
+    scratch: &mut Scratch,
+    at: usize,
+    start: usize,
+    moved: usize,
+    errno: i32,
+    expect: u64,
+) -> (u64, i32) {
+    if expect != 0 && moved > 0 {
+        // SAFETY: the agent's own scratch, `moved` bytes from `at` (inside
+        // it: the move took no more than what was left of it); holes in
+        // it read as zeros, and nothing else writes there.
+        let there =
+            unsafe { core::slice::from_raw_parts((scratch_base() + at) as *const u8, moved) };
+        if errno != 0 || content_hash(there) != expect {
+            let mut back: [u64; 5] = [
+                start as u64,
+                (scratch_base() + at) as u64,
+                moved as u64,
+                MOVE_MODE_DONTWAKE | MOVE_MODE_ALLOW_SRC_HOLES,
+                0,
+            ];
+            return match uffd_ioctl(UFFDIO_MOVE, &mut back) {
+                Ok(()) => {
+                    *scratch = Scratch::Filled(at);
+                    (0, if errno == 0 { libc::ESTALE } else { errno })
+                }
+                Err(_) => {
+                    *scratch = Scratch::Filled(at + moved);
+                    (moved as u64, libc::ESTALE)
+                }
+            };
+        }
+    }
+    *scratch = Scratch::Filled(at + moved);
+    (moved as u64, errno)
 }
 
 /// Drops `start..start + len` in place (MADV_DONTNEED); 0 or an errno.
@@ -779,8 +825,9 @@ extern "C" fn serve(how: *mut libc::c_void) -> *mut libc::c_void {
             }
             Ok(Request::Discard { seq, count, ranges }) => {
                 let mut outcomes = [(0, 0); DISCARD_RANGES];
-                for (outcome, &(start, len)) in outcomes.iter_mut().zip(&ranges[..count]) {
-                    let (moved, errno) = move_out(&mut scratch, start as usize, len as usize);
+                for (outcome, &(start, len, expect)) in outcomes.iter_mut().zip(&ranges[..count]) {
+                    let (moved, errno) =
+                        move_out(&mut scratch, start as usize, len as usize, expect);
                     *outcome = (errno, moved);
                 }
                 let answer = MovedOut {

@@ -304,18 +304,18 @@ fn the_kernel_reading_and_writing_stored_memory_for_a_program_moves_its_bytes() 
     }
 }
 
-/// README, Known issues: an O_DIRECT read into memory the reclaimer is
-/// taking can be lost. The read pins the pages before the reclaimer
-/// write-protects and copies them out (a pinned page takes the disk's
-/// bytes without a fault), the disk writes them after the copy, and the
-/// pin is gone by the time the page moves out: the stored copy is the old
-/// one. Fails in about half the runs: 2 of 4 under the test harness, 16
-/// and 26 pages read wrong (`kernelio 64 DIR 20` alone: 22 and 38 pages in
-/// two of three runs; with buffered reads, which do not pin, 0 in three).
-/// Run it with `cargo test --release -p uswap-cli --test run_program --
-/// --ignored`.
+/// An O_DIRECT read into memory the reclaimer is taking keeps the bytes
+/// read (`programs/kernelio.c` with a third argument). The read pins its
+/// pages while the disk writes them, with no write-protect fault: one
+/// pinned before the reclaimer write-protected and copied it, written
+/// after the copy, and unpinned by the time it moved out was stored with
+/// its old bytes. The agent now checks what it moved against the copy and
+/// puts back what differs. Before, it failed in about half the runs: 2 of
+/// 4 under the test harness, 16 and 26 pages read wrong (`kernelio 64 DIR
+/// 20` alone: 22 and 38 pages in two of three runs; with buffered reads,
+/// which do not pin, 0 in three); after, 0 pages wrong in 5 runs, 64 and
+/// 96 pages put back (`discard_refused_changed`) in two of them.
 #[test]
-#[ignore = "known issue: pages pinned for O_DIRECT before their eviction (README, Known issues)"]
 fn an_o_direct_read_into_memory_being_evicted_keeps_the_bytes_read() {
     let exe = build("kernelio");
     let dir = scratch_dir().to_str().unwrap().to_string();

@@ -16,7 +16,9 @@
 //!        <------- Verdict {Managed | Unmanaged | Exit}
 //!   (agent thread, if Managed)
 //!        <------- Discard {seq, ranges}      (moves, where the kernel can;
-//!                                             up to DISCARD_RANGES at once)
+//!                                             up to DISCARD_RANGES at once,
+//!                                             each with the hash of what
+//!                                             the supervisor stored of it)
 //!   MovedOut {seq, (errno, moved) per range} ->
 //!        <------- Drop {seq, start, len}      (probe, then MADV_DONTNEED in place)
 //!   Dropped {seq, errno} ----------------->
@@ -44,7 +46,7 @@ pub const SOCKET_ENV: &str = "USWAP_AGENT_SOCKET";
 pub const SOCKET_ENV_C: &core::ffi::CStr = c"USWAP_AGENT_SOCKET";
 
 /// Marks a Hello, and the protocol's version.
-pub const MAGIC: u64 = 0x7573_7761_7006;
+pub const MAGIC: u64 = 0x7573_7761_7007;
 
 /// Pages of the agent's at [`Hello::beacon`]: the beacon, then the fence,
 /// which the agent touches in the parent after each fork (the fault waits
@@ -117,13 +119,26 @@ pub enum Request {
     /// (the range is no longer wholly registered) before anything moved,
     /// and the supervisor settles the events and asks again; any other, and
     /// it drops the rest in place.
+    ///
+    /// A range with an expected hash (not 0) must have moved out holding
+    /// the bytes it hashes to ([`content_hash`]): the supervisor's copy,
+    /// which it stored. A page pinned for a device's write (O_DIRECT) can
+    /// change after that copy with no write-protect fault, and move once
+    /// unpinned. So the agent hashes what it moved; where that differs, or
+    /// where the move stopped part way (what moved cannot be checked alone),
+    /// it moves the pages back and answers ESTALE (or the errno that stopped
+    /// the move) with nothing moved. ESTALE with the bytes moved counted:
+    /// they could not all go back (an event of the program came in
+    /// meanwhile), and the pages not back hold bytes the supervisor does not
+    /// have.
     Discard {
         /// Echoed in the answer.
         seq: u64,
         /// How many of `ranges` are asked for (at most [`DISCARD_RANGES`]).
         count: usize,
-        /// (start, length) in bytes; those past `count` are zero.
-        ranges: [(u64, u64); DISCARD_RANGES],
+        /// (start, length, expected hash or 0) in bytes; those past `count`
+        /// are zero.
+        ranges: [(u64, u64, u64); DISCARD_RANGES],
     },
 }
 
@@ -153,9 +168,9 @@ pub struct Dropped {
     pub errno: i32,
 }
 
-/// Words of every packet: a code, a number, a count, and two words per
+/// Words of every packet: a code, a number, a count, and three words per
 /// range of a [`Request::Discard`] (or per outcome of a [`MovedOut`]).
-const WORDS: usize = 3 + 2 * DISCARD_RANGES;
+const WORDS: usize = 3 + 3 * DISCARD_RANGES;
 
 /// Bytes of every packet. Every kind of packet has codes of its own in its
 /// first word (requests 1, 2 and 4, answers 3 and 5, verdicts 11-13, hellos
@@ -181,36 +196,82 @@ fn unwords(b: &[u8; PACKET]) -> [u64; WORDS] {
     w
 }
 
-/// A packet of `code`, `seq`, `count`, then `count` pairs of words.
-fn pairs(
+/// The three words per range of a [`Request::Discard`] or [`MovedOut`].
+type Triples = [(u64, u64, u64); DISCARD_RANGES];
+
+/// A packet of `code`, `seq`, `count`, then `count` triples of words.
+fn triples(
     code: u64,
     seq: u64,
     count: usize,
-    pairs: impl Iterator<Item = (u64, u64)>,
+    triples: impl Iterator<Item = (u64, u64, u64)>,
 ) -> [u8; PACKET] {
     debug_assert!(count <= DISCARD_RANGES, "{count} ranges in one packet");
     let mut w = [0u64; WORDS];
     w[0] = code;
     w[1] = seq;
     w[2] = count as u64;
-    for (k, (a, b)) in pairs.take(count.min(DISCARD_RANGES)).enumerate() {
-        w[3 + 2 * k] = a;
-        w[4 + 2 * k] = b;
+    for (k, (a, b, c)) in triples.take(count.min(DISCARD_RANGES)).enumerate() {
+        w[3 + 3 * k] = a;
+        w[4 + 3 * k] = b;
+        w[5 + 3 * k] = c;
     }
     words(&w)
 }
 
-/// The count and pairs of a packet [`pairs`] wrote; `None` for a count
+/// The count and triples of a packet [`triples`] wrote; `None` for a count
 /// past [`DISCARD_RANGES`].
-fn unpairs(w: &[u64; WORDS]) -> Option<(usize, [(u64, u64); DISCARD_RANGES])> {
+fn untriples(w: &[u64; WORDS]) -> Option<(usize, Triples)> {
     let count = usize::try_from(w[2])
         .ok()
         .filter(|&c| c <= DISCARD_RANGES)?;
-    let mut out = [(0, 0); DISCARD_RANGES];
-    for (k, pair) in out.iter_mut().enumerate().take(count) {
-        *pair = (w[3 + 2 * k], w[4 + 2 * k]);
+    let mut out = [(0, 0, 0); DISCARD_RANGES];
+    for (k, t) in out.iter_mut().enumerate().take(count) {
+        *t = (w[3 + 3 * k], w[4 + 3 * k], w[5 + 3 * k]);
     }
     Some((count, out))
+}
+
+/// A hash of `bytes` (a whole number of 8-byte words), never 0: the
+/// expected contents of a range asked to move out ([`Request::Discard`]).
+/// Four lanes of multiply and rotate over the words: each step is a
+/// bijection of the lane for a given word and of the word for a given
+/// lane, so bytes that differ in one word always hash apart, and two
+/// copies of a range that differ anywhere do but for a chance of about
+/// 2^-63. Not a defence against a chosen collision: it checks a copy
+/// against the memory it was taken from.
+pub fn content_hash(bytes: &[u8]) -> u64 {
+    const K: [u64; 4] = [
+        0x9e37_79b9_7f4a_7c15,
+        0xc2b2_ae3d_27d4_eb4f,
+        0x1656_67b1_9e37_79f9,
+        0xd6e8_feb8_6659_fd93,
+    ];
+    debug_assert!(bytes.len().is_multiple_of(8), "{} bytes", bytes.len());
+    let word = |b: &[u8]| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+    let mut lanes = K;
+    let mut blocks = bytes.chunks_exact(32);
+    for block in &mut blocks {
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            *lane = (*lane ^ word(&block[8 * j..]))
+                .wrapping_mul(K[j])
+                .rotate_left(29);
+        }
+    }
+    for (j, w) in blocks.remainder().chunks_exact(8).enumerate() {
+        lanes[j] = (lanes[j] ^ word(w)).wrapping_mul(K[j]).rotate_left(29);
+    }
+    let mut h = bytes.len() as u64;
+    for lane in lanes {
+        h = (h ^ lane).wrapping_mul(K[0]).rotate_left(31);
+    }
+    // Murmur3's finalizer, a bijection: every bit of `h` reaches all.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    h | 1
 }
 
 impl Hello {
@@ -267,7 +328,7 @@ impl Request {
         match *self {
             Request::Drop { seq, start, len } => words(&[1, seq, start, len]),
             Request::Release => words(&[2]),
-            Request::Discard { seq, count, ranges } => pairs(4, seq, count, ranges.into_iter()),
+            Request::Discard { seq, count, ranges } => triples(4, seq, count, ranges.into_iter()),
         }
     }
 
@@ -282,7 +343,7 @@ impl Request {
             }),
             2 => Some(Request::Release),
             4 => {
-                let (count, ranges) = unpairs(&w)?;
+                let (count, ranges) = untriples(&w)?;
                 Some(Request::Discard {
                     seq: w[1],
                     count,
@@ -313,8 +374,8 @@ impl Dropped {
 impl MovedOut {
     /// The packet.
     pub fn encode(&self) -> [u8; PACKET] {
-        let outcomes = self.outcomes.iter().map(|&(e, m)| (e as u32 as u64, m));
-        pairs(5, self.seq, self.count, outcomes)
+        let outcomes = self.outcomes.iter().map(|&(e, m)| (e as u32 as u64, m, 0));
+        triples(5, self.seq, self.count, outcomes)
     }
 
     /// Reads a packet.
@@ -323,9 +384,9 @@ impl MovedOut {
         if w[0] != 5 {
             return None;
         }
-        let (count, read) = unpairs(&w)?;
+        let (count, read) = untriples(&w)?;
         let mut outcomes = [(0, 0); DISCARD_RANGES];
-        for (o, &(e, m)) in outcomes.iter_mut().zip(&read) {
+        for (o, &(e, m, _)) in outcomes.iter_mut().zip(&read) {
             *o = (e as u32 as i32, m);
         }
         Some(MovedOut {
@@ -362,12 +423,16 @@ mod tests {
             len: 0x10000,
         };
         assert_eq!(Request::decode(&r.encode()), Some(r));
-        let mut ranges = [(0, 0); DISCARD_RANGES];
+        let mut ranges = [(0, 0, 0); DISCARD_RANGES];
         for (k, r) in ranges.iter_mut().enumerate() {
-            *r = (0x2000 * (k as u64 + 1), 0x1000 * (k as u64 + 1));
+            *r = (
+                0x2000 * (k as u64 + 1),
+                0x1000 * (k as u64 + 1),
+                k as u64 * 77,
+            );
         }
         for count in [1, 3, DISCARD_RANGES] {
-            let mut asked = [(0, 0); DISCARD_RANGES];
+            let mut asked = [(0, 0, 0); DISCARD_RANGES];
             asked[..count].copy_from_slice(&ranges[..count]);
             let m = Request::Discard {
                 seq: 8,
@@ -413,5 +478,34 @@ mod tests {
             assert_eq!(Verdict::decode(&r.encode()), None);
             assert_eq!(Verdict::decode(&Request::Release.encode()), None);
         }
+    }
+
+    #[test]
+    fn content_hashes_tell_every_changed_word_and_are_never_zero() {
+        let mut page = [0u8; 4096];
+        for (k, b) in page.iter_mut().enumerate() {
+            *b = (k * 7 % 251) as u8;
+        }
+        let h = content_hash(&page);
+        assert_ne!(h, 0);
+        assert_eq!(content_hash(&page), h);
+        assert_ne!(content_hash(&[0u8; 4096]), 0);
+        // One byte changed anywhere (in each lane, and in the tail past the
+        // last whole block) changes the hash.
+        for at in [0, 1, 8, 17, 31, 32, 4095] {
+            let mut changed = page;
+            changed[at] ^= 0x40;
+            assert_ne!(content_hash(&changed), h, "byte {at}");
+        }
+        assert_ne!(content_hash(&page[..4088]), content_hash(&page[..4080]));
+        // Words swapped between lanes, or between blocks, change it too.
+        let mut swapped = page;
+        swapped[..8].copy_from_slice(&page[8..16]);
+        swapped[8..16].copy_from_slice(&page[..8]);
+        assert_ne!(content_hash(&swapped), h);
+        let mut swapped = page;
+        swapped[..8].copy_from_slice(&page[32..40]);
+        swapped[32..40].copy_from_slice(&page[..8]);
+        assert_ne!(content_hash(&swapped), h);
     }
 }

@@ -2281,6 +2281,7 @@ fn a_refused_move_never_drops_memory_mapped_where_the_folio_was() {
                 again: false,
                 shared: false,
                 unmovable: false,
+                ..Default::default()
             }
         }
     }
@@ -2331,6 +2332,7 @@ impl uswap::mm::memory::DropPages for SharedPages {
             again: false,
             shared: true,
             unmovable: false,
+            ..Default::default()
         }
     }
 }
@@ -3134,6 +3136,7 @@ impl uswap::mm::memory::DropPages for AgentMoves {
             again: true,
             shared: false,
             unmovable: false,
+            ..Default::default()
         };
         let mut probe = [start as u64, len as u64, 1];
         match self.ioctl(uffd_iowr(0x06, 24), &mut probe) {
@@ -3159,6 +3162,7 @@ impl uswap::mm::memory::DropPages for AgentMoves {
                     again: false,
                     shared: false,
                     unmovable: false,
+                    ..Default::default()
                 }
             }
             Err(libc::EAGAIN) if m[4] as i64 <= 0 => again,
@@ -3228,7 +3232,7 @@ fn memory_moved_where_an_agent_moves_pages_out_keeps_its_bytes() {
 /// meanwhile, whose madvise returns only once its event is read.
 #[test]
 fn a_process_events_are_read_once_its_agent_has_answered_a_move() {
-    use uswap::mm::memory::{Discarded, DropPages};
+    use uswap::mm::memory::{Discarded, DropPages, MoveRange};
     /// Where the ranges of a request are told.
     type Tell = std::sync::mpsc::Sender<Vec<(usize, usize)>>;
     struct AnswersFirst {
@@ -3248,15 +3252,12 @@ fn a_process_events_are_read_once_its_agent_has_answered_a_move() {
         fn move_out(&self, start: usize, len: usize) -> Discarded {
             self.moves.move_out(start, len)
         }
-        fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
-            out.extend(
-                ranges
-                    .iter()
-                    .map(|&(start, len)| self.moves.move_out(start, len)),
-            );
+        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+            out.extend(ranges.iter().map(|r| self.moves.move_out(r.start, r.len)));
             self.answered.store(true, Ordering::SeqCst);
             if let Some(told) = self.told.lock().unwrap().take() {
-                told.send(ranges.to_vec()).unwrap();
+                told.send(ranges.iter().map(|r| (r.start, r.len)).collect())
+                    .unwrap();
                 let waited = self.release.lock().unwrap();
                 if waited.recv_timeout(Duration::from_secs(5)).is_err() {
                     self.waited_out.store(true, Ordering::SeqCst);
@@ -3321,7 +3322,7 @@ fn a_process_events_are_read_once_its_agent_has_answered_a_move() {
 /// other folio first, so that batches hold folios that are not adjacent.
 #[test]
 fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
-    use uswap::mm::memory::{Discarded, DropPages};
+    use uswap::mm::memory::{Discarded, DropPages, MoveRange};
     struct OddRangesBusy {
         moves: AgentMoves,
         /// Ranges per request, in order.
@@ -3334,15 +3335,16 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
         fn move_out(&self, start: usize, len: usize) -> Discarded {
             self.moves.move_out(start, len)
         }
-        fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
             self.requests.lock().unwrap().push(ranges.len());
-            for (k, &(start, len)) in ranges.iter().enumerate() {
+            for (k, &MoveRange { start, len, .. }) in ranges.iter().enumerate() {
                 out.push(if k % 2 == 1 {
                     Discarded {
                         bytes: 0,
                         again: false,
                         shared: true,
                         unmovable: false,
+                        ..Default::default()
                     }
                 } else {
                     self.moves.move_out(start, len)
@@ -3368,7 +3370,7 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
             fn move_out(&self, start: usize, len: usize) -> Discarded {
                 self.0.move_out(start, len)
             }
-            fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+            fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
                 self.0.move_out_all(ranges, out)
             }
         }
@@ -3550,6 +3552,7 @@ impl uswap::mm::memory::DropPages for DropsInPlace {
             again: false,
             shared: false,
             unmovable: false,
+            ..Default::default()
         }
     }
 }
@@ -3658,6 +3661,7 @@ impl uswap::mm::memory::DropPages for Served {
             again: false,
             shared: false,
             unmovable: false,
+            ..Default::default()
         }
     }
 }

@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use uswap::mm::memory::{Discarded, DropError, DropPages};
+use uswap::mm::memory::{Discarded, DropError, DropPages, MoveRange};
 use uswap_protocol::{wire, Dropped, Hello, MovedOut, Request, Verdict, DISCARD_RANGES, PACKET};
 
 /// One connected agent.
@@ -132,18 +132,23 @@ impl DropPages for AgentLink {
 
     fn move_out(&self, start: usize, len: usize) -> Discarded {
         let mut out = Vec::with_capacity(1);
-        self.move_out_all(&[(start, len)], &mut out);
+        let range = MoveRange {
+            start,
+            len,
+            expect: 0,
+        };
+        self.move_out_all(&[range], &mut out);
         out[0]
     }
 
     /// One request per [`DISCARD_RANGES`] ranges: the agent moves them one
-    /// after the other and answers for all.
-    fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+    /// after the other, checks each against its hash, and answers for all.
+    fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
         let requests = ranges.len().div_ceil(DISCARD_RANGES);
         for (k, chunk) in ranges.chunks(DISCARD_RANGES).enumerate() {
-            let mut asked = [(0, 0); DISCARD_RANGES];
-            for (a, &(start, len)) in asked.iter_mut().zip(chunk) {
-                *a = (start as u64, len as u64);
+            let mut asked = [(0, 0, 0); DISCARD_RANGES];
+            for (a, r) in asked.iter_mut().zip(chunk) {
+                *a = (r.start as u64, r.len as u64, r.expect);
             }
             // Before the request goes: its answer is looked for from then on.
             self.last_of_moves
@@ -160,20 +165,19 @@ impl DropPages for AgentLink {
                         .map(|m| (m.seq, m))
                 },
             );
-            for (k, &(_, len)) in chunk.iter().enumerate() {
+            for (k, r) in chunk.iter().enumerate() {
                 out.push(match &answer {
                     // A link that broke moved nothing more; the drop in
                     // place that follows finds out what became of the
                     // process.
-                    Err(_) => Discarded {
-                        bytes: 0,
-                        again: false,
-                        shared: false,
-                        unmovable: false,
-                    },
+                    Err(_) => Discarded::default(),
                     Ok(a) => {
                         let (errno, moved) = a.outcomes[k];
-                        let bytes = (moved as usize).min(len);
+                        let bytes = (moved as usize).min(r.len);
+                        // What moved differed from the copy: back in place
+                        // with nothing moved (as if pinned), or not all of
+                        // it (`Discarded::stale`).
+                        let changed = errno == libc::ESTALE;
                         Discarded {
                             bytes,
                             // A move that stopped part way answers EAGAIN
@@ -182,9 +186,11 @@ impl DropPages for AgentLink {
                             // only when it is the first): the rest is tried
                             // again, which says why.
                             again: errno == libc::EAGAIN || (bytes == 0 && errno == libc::ENOENT),
-                            shared: bytes < len && errno == libc::EBUSY,
+                            shared: bytes < r.len && errno == libc::EBUSY || changed && bytes == 0,
                             // A read-only or locked mapping: it stays.
-                            unmovable: bytes < len && errno == libc::EINVAL,
+                            unmovable: bytes < r.len && errno == libc::EINVAL,
+                            changed,
+                            stale: changed && bytes > 0,
                         }
                     }
                 });

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use uswap::mm::memory::{Discarded, DropError, DropPages};
+use uswap::mm::memory::{Discarded, DropError, DropPages, MoveRange};
 use uswap::mm::{Attached, Runtime};
 use uswap_protocol::{Verdict, SOCKET_ENV};
 
@@ -114,7 +114,7 @@ impl DropPages for Dropper {
         self.0.move_out(start, len)
     }
 
-    fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
+    fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
         self.0.move_out_all(ranges, out)
     }
 

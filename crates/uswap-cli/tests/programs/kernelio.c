@@ -12,12 +12,12 @@
  * stored pages may fail (the kernel does not wait for a userfaultfd on a
  * remote access): counted, never wrong bytes.
  *
- * ROUNDS (default 0) adds the case of README's known issue: O_DIRECT
- * reads, ROUNDS times, into memory in place (the first 16 MiB, touched
- * first: the oldest) while other threads' new memory makes the reclaimer
- * take it. A read pins its pages before the reclaimer write-protects and
- * copies them, the disk writes them after, and the pin is gone by the
- * move out: the stored copy is the old one. */
+ * ROUNDS (default 0) adds O_DIRECT reads, ROUNDS times, into memory in
+ * place (the first 16 MiB, touched first: the oldest) while other
+ * threads' new memory makes the reclaimer take it. A read that pins its
+ * pages before the reclaimer write-protects and copies them, with the
+ * disk writing them after the copy and the pin gone by the move out, left
+ * the stored copy the old one until moves were checked against it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

@@ -117,6 +117,17 @@ counters! {
     /// or pinned: dropped, it would not be freed while the other process
     /// keeps it. The folios stay resident and are tried again later.
     discard_refused_shared,
+    /// Pages of stored folios that stayed in memory because what their
+    /// move out took differed from the copy stored of them: written
+    /// without a write-protect fault, by a device while they were pinned
+    /// (an O_DIRECT read into them). Moved back at once; the folios stay
+    /// resident and are tried again later.
+    discard_refused_changed,
+    /// Moves out whose pages differed from their copy and could not all go
+    /// back (an event of the program came in right after the move): the
+    /// pages not back had no copy anywhere, and their folios were poisoned
+    /// (touch = SIGBUS). Expected 0.
+    stale_moves,
     /// Folios held out of the reclaim queue because their process was
     /// found stopped (SIGSTOP, job control, a debugger): its agent answers
     /// only once the process runs again, and reclaim for every process

@@ -78,6 +78,9 @@ pub(crate) enum Outcome {
     Swapped(u64),
     /// Still in memory (the eviction was refused): so is the child's copy.
     Resident,
+    /// Left memory with no copy of its bytes (`Discarded::stale`): its
+    /// missing pages are poisoned, in the child as in the owner.
+    Poisoned,
 }
 
 /// The part `lo..hi` (in pages) of folio `i` that `start..end` covers.
@@ -1025,6 +1028,14 @@ pub(crate) fn resolve_inheritors(
                     GONE
                 } else {
                     shared.dropped_meanwhile(&extras, RESIDENT)
+                }
+            }
+            Outcome::Poisoned => {
+                child.take_extras(&heir.region, i);
+                if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
+                    GONE
+                } else {
+                    POISONED
                 }
             }
             // Nothing to install anywhere: every page is a hole and none

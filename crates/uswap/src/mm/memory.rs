@@ -17,7 +17,7 @@
 //! agent inside the program carries the drops out.
 
 use super::scratch::Scratch;
-pub use super::scratch::{Discarded, SCRATCH_LEN};
+pub use super::scratch::{Discarded, MoveRange, SCRATCH_LEN};
 use super::uffd::{Uffd, UffdError};
 use crate::page::{PageMask, PAGE_SIZE};
 use std::fs::File;
@@ -84,13 +84,15 @@ pub trait DropPages: Send + Sync {
     /// pages cannot move), and why the rest did not (see [`Discarded`]).
     fn move_out(&self, start: usize, len: usize) -> Discarded;
 
-    /// [`DropPages::move_out`] for each of `ranges` (start, length), in
-    /// order, its outcome pushed to `out`: where moving means asking
-    /// another thread (an agent in the process), the implementation asks
-    /// for them all at once, so that an eviction batch of folios that are
-    /// not adjacent costs one round trip, not one per folio.
-    fn move_out_all(&self, ranges: &[(usize, usize)], out: &mut Vec<Discarded>) {
-        out.extend(ranges.iter().map(|&(start, len)| self.move_out(start, len)));
+    /// [`DropPages::move_out`] for each of `ranges`, in order, its outcome
+    /// pushed to `out`: where moving means asking another thread (an agent
+    /// in the process), the implementation asks for them all at once, so
+    /// that an eviction batch of folios that are not adjacent costs one
+    /// round trip, not one per folio. A mover that can compare what it
+    /// moved with each range's hash ([`MoveRange`]) does so (the agent
+    /// does); this default, for movers that cannot, passes it over.
+    fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+        out.extend(ranges.iter().map(|r| self.move_out(r.start, r.len)));
     }
 
     /// Asked only while a [`DropPages::move_out_all`] is in flight, from
@@ -285,7 +287,7 @@ impl Memory {
     /// waits unread, and the move is refused.
     pub fn discard_quietly(
         &self,
-        ranges: &[(usize, usize)],
+        ranges: &[MoveRange],
         settled: std::sync::RwLockReadGuard<'_, ()>,
         out: &mut Vec<Discarded>,
     ) {
@@ -293,18 +295,9 @@ impl Memory {
             Memory::Own {
                 scratch: Some(scratch),
                 ..
-            } => out.extend(
-                ranges
-                    .iter()
-                    .map(|&(start, len)| scratch.discard(start, len)),
-            ),
+            } => out.extend(ranges.iter().map(|&r| scratch.discard(r))),
             Memory::Own { scratch: None, .. } | Memory::Remote { moves: false, .. } => {
-                out.extend(ranges.iter().map(|_| Discarded {
-                    bytes: 0,
-                    again: false,
-                    shared: false,
-                    unmovable: false,
-                }))
+                out.extend(ranges.iter().map(|_| Discarded::default()))
             }
             Memory::Remote { dropper, .. } => {
                 drop(settled);

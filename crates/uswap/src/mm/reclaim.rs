@@ -19,8 +19,10 @@
 //! stored with one `store_batch`, then discarded: moved out to a scratch
 //! and dropped there, which raises no event (`mm/scratch.rs`; another
 //! process's pages by its agent, into a scratch of its own, one request
-//! for the first moves of all the plug's runs). What the kernel will not
-//! move stays in memory: read-only or locked memory, or memory of other
+//! for the first moves of all the plug's runs). Each move is checked
+//! against the copy (`Copies`: a device may have written a page pinned
+//! before the protection, after the copy), and what differs goes back.
+//! What the kernel will not move stays in memory: read-only or locked memory, or memory of other
 //! protection (UNFIT until written), a page shared with a forked child or
 //! pinned (tried again later). Dropped in place, it would be zapped whatever the
 //! range holds once the drop's REMOVE event is read, memory another thread
@@ -60,10 +62,10 @@
 
 use super::events::{self, FollowUp, Outcome};
 use super::folio::{
-    self, ACTIVE, CLEAN, DROPPED, EVICTING, GIVEN_UP, GONE, LOADING, RESIDENT, SWAPPED, UNFIT,
-    UNTOUCHED,
+    self, ACTIVE, CLEAN, DROPPED, EVICTING, GIVEN_UP, GONE, LOADING, POISONED, RESIDENT, SWAPPED,
+    UNFIT, UNTOUCHED,
 };
-use super::memory::{Discarded, DropError, Memory, SCRATCH_LEN, STOPPED_RECHECK};
+use super::memory::{Discarded, DropError, Memory, MoveRange, SCRATCH_LEN, STOPPED_RECHECK};
 use super::space::{Extras, RegionInner, Space};
 use super::swapin::{self, Worker};
 use super::uffd::UffdError;
@@ -668,6 +670,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
         folios.push(&staging[at..at + len]);
         at += len;
     }
+    let copies = Copies::new(plug, &staging[..sizes]);
     let mut stored = if copied {
         shared.store.store_batch(&folios)
     } else {
@@ -707,8 +710,11 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
     // Plug entries (first, count) kept in memory, and why; empty, and not
     // allocated, in the usual case.
     let mut kept: Vec<(usize, usize, Kept)> = Vec::new();
+    // A run is all clean folios or none, so that its moves are checked
+    // against the copies of all its folios or of none (see `Copies`).
     let discard_runs: Vec<(usize, usize)> = runs(plug, |k| results[k].is_ok())
         .into_iter()
+        .flat_map(|run| copies.split(run))
         .flat_map(|(first, count)| {
             let most = (SCRATCH_LEN / plug[first].region.folio_size).max(1);
             (0..count)
@@ -716,7 +722,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 .map(move |k| (first + k, most.min(count - k)))
         })
         .collect();
-    let heads = move_out_together(shared, space, memory, plug, &discard_runs, mark);
+    let heads = move_out_together(shared, space, memory, plug, &copies, &discard_runs, mark);
     'runs: for (run, mut head) in discard_runs.into_iter().zip(heads) {
         let (start, len) = run_range(plug, run);
         let (first, count) = run;
@@ -855,7 +861,8 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                         shared.move_hold.stop_if_armed(|| true);
                         shared.move_hold.over();
                     }
-                    move_out(shared, space, memory, &[(at, piece_end - at)], settled)[0]
+                    let piece = copies.range(plug, run, at, piece_end - at);
+                    move_out(shared, space, memory, &[piece], settled)[0]
                 }
             };
             let Discarded {
@@ -863,11 +870,28 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 again,
                 shared: busy,
                 unmovable,
+                changed,
+                stale,
             } = discarded;
             shared
                 .counters
                 .discarded_by_move
                 .fetch_add((bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
+            if changed {
+                shared
+                    .counters
+                    .discard_refused_changed
+                    .fetch_add(((end - at) / PAGE_SIZE) as u64, Ordering::Relaxed);
+            }
+            if stale {
+                // Pages that took a device's bytes after their copy moved
+                // out and could not go back: what of them is not in place
+                // has no copy anywhere. Each folio's finish poisons the
+                // pages it misses rather than bring back the old bytes.
+                kept.push((first, count, Kept::Stale));
+                shared.counters.stale_moves.fetch_add(1, Ordering::Relaxed);
+                continue 'runs;
+            }
             at += bytes;
             maybe_gone |= bytes > 0 || !(again || busy);
             if again {
@@ -888,7 +912,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 // later. A drop would free nothing while the page is
                 // shared, and its window could take memory the program maps
                 // meanwhile.
-                if !memory.held() {
+                if !memory.held() && !changed {
                     shared
                         .counters
                         .discard_refused_shared
@@ -968,6 +992,66 @@ enum Kept {
     /// read-only memory, locked memory, memory also executable or of a
     /// protection key: they wait, write-protected, until written.
     Unmovable,
+    /// What moved differs from the copies and not all of it went back
+    /// (`Discarded::stale`): the pages not in place are lost, and poisoned.
+    Stale,
+}
+
+/// The flush's copies of its folios, to check what each move takes against
+/// ([`MoveRange`]): where each folio's copy lies in the staging buffer.
+/// None for a clean folio: its copy was stored before, and its pages have
+/// been write-protected since, so nothing can have written them unseen (a
+/// pin for writing takes a write fault first, which a clean folio does not
+/// survive, and one taken while the flush holds it waits for the flush).
+struct Copies<'a> {
+    staging: &'a [u8],
+    at: Vec<Option<usize>>,
+}
+
+impl<'a> Copies<'a> {
+    /// The copies of `plug`'s folios other than clean ones, back to back
+    /// in `staging`, in plug order (see `copy_out`).
+    fn new(plug: &[Victim], staging: &'a [u8]) -> Copies<'a> {
+        let mut next = 0;
+        let at = plug
+            .iter()
+            .map(|v| {
+                v.clean.is_none().then(|| {
+                    next += v.region.folio_size;
+                    next - v.region.folio_size
+                })
+            })
+            .collect();
+        Copies { staging, at }
+    }
+
+    /// `run` cut where its folios pass from clean to not or back.
+    fn split(&self, (first, count): (usize, usize)) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for k in first..first + count {
+            match out.last_mut() {
+                Some((f, c)) if self.at[*f].is_some() == self.at[k].is_some() => *c += 1,
+                _ => out.push((k, 1)),
+            }
+        }
+        out
+    }
+
+    /// `start..start + len`, part of `run` (all clean or none, see
+    /// [`Copies::split`]), with the hash of its copy (0 for clean folios).
+    fn range(
+        &self,
+        plug: &[Victim],
+        (first, _): (usize, usize),
+        start: usize,
+        len: usize,
+    ) -> MoveRange {
+        let expect = self.at[first].map_or(0, |base| {
+            let from = base + (start - plug[first].addr);
+            uswap_protocol::content_hash(&self.staging[from..from + len])
+        });
+        MoveRange { start, len, expect }
+    }
 }
 
 /// What became of a drop in place.
@@ -1339,6 +1423,39 @@ fn finish_folio(
             }
         }
     }
+    if kept == Some(Kept::Stale) {
+        if let Some(range) = stored {
+            // Pages of it left holding bytes that differ from the copy, and
+            // did not come back (`Discarded::stale`): the copy would give
+            // them old bytes. They read as SIGBUS, as for a copy found
+            // corrupt; the pages in place keep theirs.
+            shared.store.invalidate(range);
+            events::resolve_inheritors(
+                shared,
+                space.id,
+                region.id,
+                i,
+                Outcome::Poisoned,
+                follow_ups,
+            );
+            space.take_extras(region, i);
+            events::forget_folio_in_drops(shared, space, region.id, i);
+            shared.resident.fetch_sub(fs, Ordering::AcqRel);
+            f.set(if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
+                GONE
+            } else {
+                POISONED
+            });
+            return Finished {
+                lift: was_protected,
+                bring_back: false,
+                partly_lost: false,
+                unmovable: false,
+                moved: Vec::new(),
+                gone: true,
+            };
+        }
+    }
     let outcome = outcome_of(stored.as_ref());
     events::resolve_inheritors(shared, space.id, region.id, i, outcome, follow_ups);
     let mut bring_back = false;
@@ -1603,6 +1720,7 @@ fn move_out_together(
     space: &Space,
     memory: &Memory,
     plug: &[Victim],
+    copies: &Copies,
     runs: &[(usize, usize)],
     mark: u64,
 ) -> Vec<Option<Discarded>> {
@@ -1623,7 +1741,10 @@ fn move_out_together(
         shared.move_hold.stop_if_armed(|| true);
         shared.move_hold.over();
     }
-    let asked: Vec<(usize, usize)> = chosen.iter().map(|&k| ranges[k]).collect();
+    let asked: Vec<MoveRange> = chosen
+        .iter()
+        .map(|&k| copies.range(plug, runs[k], ranges[k].0, ranges[k].1))
+        .collect();
     let moved = move_out(shared, space, memory, &asked, settled);
     for (&k, discarded) in chosen.iter().zip(moved) {
         heads[k] = Some(discarded);
@@ -1658,7 +1779,7 @@ fn move_out(
     shared: &Shared,
     space: &Space,
     memory: &Memory,
-    ranges: &[(usize, usize)],
+    ranges: &[MoveRange],
     settled: std::sync::RwLockReadGuard<'_, ()>,
 ) -> Vec<Discarded> {
     space.move_in_flight.store(true, Ordering::SeqCst);
@@ -1674,6 +1795,7 @@ fn move_out(
             again: true,
             shared: false,
             unmovable: false,
+            ..Default::default()
         }));
     } else if memory.stopped_now() {
         // Its agent would answer only once the process runs again: the
@@ -1688,6 +1810,7 @@ fn move_out(
             again: false,
             shared: true,
             unmovable: false,
+            ..Default::default()
         }));
     } else {
         timed_discard(shared, || {

@@ -47,6 +47,21 @@
 //! and pinning gives the parent a copy of its own.) A page that answers
 //! EBUSY stays in memory (dropped, it would not be freed while it is
 //! shared); whatever else did not move is dropped in place, by the caller.
+//!
+//! What moved is checked against the caller's copy ([`MoveRange`]): a page
+//! pinned for a device's write before the reclaimer write-protected it
+//! changes with no fault, and moves once unpinned. Where it differs, the
+//! pages move back from the scratch:
+//!
+//! ```text
+//!   move out --> hash(scratch part) == expect? --yes--> gone (the copy is right)
+//!                      |no (or the move stopped part way)
+//!                      v
+//!                move back --ok--> nothing moved (`changed`, `shared`)
+//!                      |refused (an event came in)
+//!                      v
+//!                `stale`: the caller poisons what is not back
+//! ```
 
 use super::uffd::{Partial, Uffd, UffdError};
 use crate::page::PAGE_SIZE;
@@ -81,8 +96,27 @@ struct State {
     registered: bool,
 }
 
-/// What a discard did.
+/// A range of stored pages to move out, and a hash of the bytes stored for
+/// it (`uswap_protocol::content_hash`; 0: none to check against).
+///
+/// Why the hash: a page pinned for a device's write (an O_DIRECT read into
+/// it) before the reclaimer write-protected it takes the device's bytes
+/// with no write-protect fault, and the move, which refuses only a page
+/// pinned at that instant, takes it once unpinned: the stored copy would be
+/// the old bytes. What moved is hashed and compared; where it differs the
+/// pages go back (see [`Discarded::shared`], [`Discarded::stale`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveRange {
+    /// Page-aligned start.
+    pub start: usize,
+    /// Bytes, at most [`SCRATCH_LEN`].
+    pub len: usize,
+    /// The hash the moved bytes must have, or 0.
+    pub expect: u64,
+}
+
+/// What a discard did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Discarded {
     /// Bytes from the start that are gone (moved out).
     pub bytes: usize,
@@ -105,6 +139,15 @@ pub struct Discarded {
     /// `mm/reclaim.rs`). False where nothing can move here at all (no
     /// scratch, or none that works): the caller drops in place.
     pub unmovable: bool,
+    /// What moved did not hold the bytes stored for it (see
+    /// [`MoveRange`]): it went back, and nothing moved (`shared` too, as
+    /// for a pinned page), unless `stale` says otherwise.
+    pub changed: bool,
+    /// What moved did not hold the bytes stored for it, and some of it
+    /// could not go back (an event of the program came in after the move
+    /// out): the pages not back hold bytes nobody else has, and the stored
+    /// copy is wrong for them. `bytes` is what the move took.
+    pub stale: bool,
 }
 
 impl Scratch {
@@ -155,12 +198,13 @@ impl Scratch {
         &self.uffd
     }
 
-    /// Moves the pages of `start..start + len` (stored, owned by the
-    /// caller, at most [`SCRATCH_LEN`]) out of the program's memory. The
-    /// caller holds the settled gate. Returns how many bytes from `start`
-    /// are gone that way (the caller drops the rest in place), or that the
-    /// move must wait for the events.
-    pub fn discard(&self, start: usize, len: usize) -> Discarded {
+    /// Moves the pages of `range` (stored, owned by the caller, at most
+    /// [`SCRATCH_LEN`]) out of the program's memory, checked against its
+    /// hash (see [`MoveRange`]). The caller holds the settled gate. Returns
+    /// how many bytes from the start are gone that way (the caller drops
+    /// the rest in place), or that the move must wait for the events.
+    pub fn discard(&self, range: MoveRange) -> Discarded {
+        let MoveRange { start, len, expect } = range;
         debug_assert!(len <= SCRATCH_LEN);
         let mut state = self.state.lock().expect("scratch lock");
         let mut emptied = false;
@@ -171,6 +215,7 @@ impl Scratch {
                     again: false,
                     shared: false,
                     unmovable: false,
+                    ..Default::default()
                 };
             };
             if at + len > SCRATCH_LEN {
@@ -225,14 +270,55 @@ impl Scratch {
                 // Anything else: the caller drops the rest in place.
                 Err(Partial { filled: n, .. }) => (n / PAGE_SIZE * PAGE_SIZE, false, false, false),
             };
-            // The next move goes after what this one left.
-            state.filled = Some(at + moved);
-            return Discarded {
+            let discarded = Discarded {
                 bytes: moved,
                 again,
                 shared,
                 unmovable,
+                changed: false,
+                stale: false,
             };
+            let checked = self.checked(at, start, discarded, expect);
+            // The next move goes after what this one left.
+            state.filled = Some(at + checked.bytes);
+            return checked;
+        }
+    }
+
+    /// `discarded`, a move of pages from `start` into the scratch at `at`,
+    /// once checked against `expect` (see [`MoveRange`]): where what moved
+    /// does not hash to it, or where the move stopped part way (what moved
+    /// cannot be checked alone), the pages go back and nothing moved
+    /// (`shared` and `changed` where the move had not stopped); `stale`
+    /// where they did not all go back.
+    fn checked(&self, at: usize, start: usize, discarded: Discarded, expect: u64) -> Discarded {
+        let moved = discarded.bytes;
+        let whole = !(discarded.again || discarded.shared || discarded.unmovable);
+        if expect == 0 || moved == 0 {
+            return discarded;
+        }
+        if whole {
+            // SAFETY: our own scratch, `moved` bytes from `at` (inside it:
+            // the move took no more than what was left of it); holes in it
+            // read as zeros, and only this thread, under the scratch lock,
+            // moves pages in or out.
+            let there = unsafe { std::slice::from_raw_parts((self.base + at) as *const u8, moved) };
+            if uswap_protocol::content_hash(there) == expect {
+                return discarded;
+            }
+        }
+        match self.uffd.move_pages(start, self.base + at, moved) {
+            Ok(()) => Discarded {
+                bytes: 0,
+                shared: discarded.shared || whole,
+                changed: whole,
+                ..discarded
+            },
+            Err(_) => Discarded {
+                changed: true,
+                stale: true,
+                ..discarded
+            },
         }
     }
 
