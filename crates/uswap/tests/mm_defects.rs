@@ -3413,6 +3413,96 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
     });
 }
 
+/// A move out whose pages differed from their copy (a device wrote them
+/// while pinned) and could not all go back (an event of the program came
+/// in right after the move): the pages not back have no copy anywhere.
+/// Their folios must be poisoned, SIGBUS on touch, rather than brought back
+/// from the copy, which holds the old bytes. The agent here moves for real
+/// and answers its first checked range so (`Discarded::stale`); the rest
+/// of memory must read right, and a touch of that range must kill the
+/// process with SIGBUS. (In a process of its own: the SIGBUS.)
+#[test]
+fn pages_changed_after_their_copy_that_cannot_go_back_are_sigbus_not_old_bytes() {
+    if is_child_process() {
+        return stale_move_child();
+    }
+    let (code, signal) = in_child_process(this_test!(), Duration::from_secs(60));
+    assert_eq!(
+        (code, signal),
+        (None, Some(libc::SIGBUS)),
+        "the stale range's touch (exit 3: it read bytes; a panic: the rest read wrong)"
+    );
+}
+
+fn stale_move_child() {
+    use uswap::mm::memory::{Discarded, DropPages, MoveRange};
+    struct StaleOnce {
+        moves: AgentMoves,
+        /// The range answered as stale.
+        stale: std::sync::Mutex<Option<(usize, usize)>>,
+    }
+    impl DropPages for StaleOnce {
+        fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+            drop_here(start, len)
+        }
+        fn move_out(&self, start: usize, len: usize) -> Discarded {
+            self.moves.move_out(start, len)
+        }
+        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+            for r in ranges {
+                let mut d = self.moves.move_out(r.start, r.len);
+                let mut stale = self.stale.lock().unwrap();
+                let whole = d.bytes == r.len && !(d.again || d.shared || d.unmovable);
+                if stale.is_none() && r.expect != 0 && whole {
+                    *stale = Some((r.start, r.len));
+                    d.changed = true;
+                    d.stale = true;
+                }
+                out.push(d);
+            }
+        }
+    }
+    struct Shared(Arc<StaleOnce>);
+    impl DropPages for Shared {
+        fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
+            self.0.drop_pages(start, len)
+        }
+        fn move_out(&self, start: usize, len: usize) -> Discarded {
+            self.0.move_out(start, len)
+        }
+        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+            self.0.move_out_all(ranges, out)
+        }
+    }
+    let (rt, uffd, moves, _) = runtime_with_agent(None);
+    let agent = Arc::new(StaleOnce {
+        moves,
+        stale: std::sync::Mutex::new(None),
+    });
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let attached = rt
+        .attach(uffd, pid, None, Box::new(Shared(agent.clone())))
+        .unwrap();
+    let len = 4 * MIB;
+    let base = folio_aligned_mapping(len);
+    attached.manage(base, len).unwrap();
+    for addr in (base..base + len).step_by(8) {
+        // SAFETY: inside the managed mapping.
+        unsafe { std::ptr::write_volatile(addr as *mut u64, expect(base, addr)) };
+    }
+    evict_to_limit(&rt);
+    let (start, stale_len) = agent.stale.lock().unwrap().expect("no checked move out");
+    assert!(rt.stats().stale_moves > 0, "{:?}", rt.stats());
+    check_range(base, base, start, "before the stale range");
+    check_range(base, start + stale_len, base + len, "after the stale range");
+    // SAFETY: inside the managed mapping; the stale range's pages are
+    // poisoned, and this read must end the process with SIGBUS.
+    let got = unsafe { std::ptr::read_volatile(start as *const u64) };
+    eprintln!("read {got:#x} from a page moved out with no copy, instead of SIGBUS");
+    std::process::exit(3);
+}
+
 /// A CLEAN folio leaves by a discard alone, on the word of its write
 /// protection. Should a page of it lose the protection unseen (a kernel
 /// path that drops the bit, a lift nothing counted), a write there would go
