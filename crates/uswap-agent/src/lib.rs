@@ -494,10 +494,13 @@ fn move_out(scratch: &mut Scratch, start: usize, len: usize, expect: u64) -> (u6
 /// [`Request::Discard`]): where what moved does not hash to it (a page
 /// pinned for a device's write changed after the supervisor's copy, and
 /// moved once unpinned), or where the move stopped part way (what moved
-/// cannot be checked alone), the pages go back where they were and nothing
-/// moved (ESTALE where the move had not stopped, its errno where it had).
-/// ESTALE with what moved counted where they did not all go back: the move
-/// back is refused once an event of the program has come in.
+/// cannot be checked alone; the kernel answers EAGAIN to a move stopped by
+/// any page, mostly one shared or pinned), the pages go back where they
+/// were and nothing moved: ESTALE where the move was whole, EBUSY where it
+/// had stopped. ESTALE with what moved counted where they did not all go
+/// back: the move back is refused once an event of the program has come
+/// in. (Moved out and back, the pages are writable: the supervisor takes
+/// them as resident and protects them again before another try.)
 fn checked(
     scratch: &mut Scratch,
     at: usize,
@@ -523,7 +526,14 @@ fn checked(
             return match uffd_ioctl(UFFDIO_MOVE, &mut back) {
                 Ok(()) => {
                     *scratch = Scratch::Filled(at);
-                    (0, if errno == 0 { libc::ESTALE } else { errno })
+                    (
+                        0,
+                        if errno == 0 {
+                            libc::ESTALE
+                        } else {
+                            libc::EBUSY
+                        },
+                    )
                 }
                 Err(_) => {
                     *scratch = Scratch::Filled(at + moved);

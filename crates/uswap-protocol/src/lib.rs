@@ -126,8 +126,8 @@ pub enum Request {
     /// change after that copy with no write-protect fault, and move once
     /// unpinned. So the agent hashes what it moved; where that differs, or
     /// where the move stopped part way (what moved cannot be checked alone),
-    /// it moves the pages back and answers ESTALE (or the errno that stopped
-    /// the move) with nothing moved. ESTALE with the bytes moved counted:
+    /// it moves the pages back and answers ESTALE (EBUSY where the move had
+    /// stopped) with nothing moved. ESTALE with the bytes moved counted:
     /// they could not all go back (an event of the program came in
     /// meanwhile), and the pages not back hold bytes the supervisor does not
     /// have.
@@ -236,10 +236,12 @@ fn untriples(w: &[u64; WORDS]) -> Option<(usize, Triples)> {
 /// expected contents of a range asked to move out ([`Request::Discard`]).
 /// Four lanes of multiply and rotate over the words: each step is a
 /// bijection of the lane for a given word and of the word for a given
-/// lane, so bytes that differ in one word always hash apart, and two
+/// lane, so bytes that differ in one word reach the final mix apart, and two
 /// copies of a range that differ anywhere do but for a chance of about
-/// 2^-63. Not a defence against a chosen collision: it checks a copy
-/// against the memory it was taken from.
+/// 2^-63 (the lowest bit is set, so that 0 can mean "no hash"; two words
+/// apart may then hash alike with that chance too). Not a defence against
+/// a chosen collision: it checks a copy against the memory it was taken
+/// from.
 pub fn content_hash(bytes: &[u8]) -> u64 {
     const K: [u64; 4] = [
         0x9e37_79b9_7f4a_7c15,

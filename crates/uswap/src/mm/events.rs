@@ -1032,7 +1032,7 @@ pub(crate) fn resolve_inheritors(
             }
             Outcome::Poisoned => {
                 child.take_extras(&heir.region, i);
-                if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
+                if extras.unmapped.covers(pages) {
                     GONE
                 } else {
                     POISONED
@@ -1079,6 +1079,7 @@ pub(crate) fn resolve_inheritors(
         }
         let settled = match folio::state(next) {
             SWAPPED | LOADING => Outcome::Swapped(next),
+            POISONED => Outcome::Poisoned,
             _ => Outcome::Resident,
         };
         resolve_inheritors(shared, child.id, heir.region.id, i, settled, follow_ups);

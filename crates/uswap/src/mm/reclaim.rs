@@ -68,7 +68,7 @@ use super::folio::{
 use super::memory::{Discarded, DropError, Memory, MoveRange, SCRATCH_LEN, STOPPED_RECHECK};
 use super::space::{Extras, RegionInner, Space};
 use super::swapin::{self, Worker};
-use super::uffd::UffdError;
+use super::uffd::{Partial, UffdError};
 use super::{FolioRef, Shared};
 use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::{SlotRange, StoreError};
@@ -788,6 +788,9 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                     // returned (see `fault.rs`, `read_raw`), which closes the
                     // window for a drop over one mapping: a drop never covers
                     // more than one.
+                    // Hashed before the gate, which holds the event
+                    // thread's reads off.
+                    let piece = copies.range(plug, run, at, piece_end - at);
                     let (settled, registered) = settled_gate(shared, space, &[(at, end - at)]);
                     let changed = run_changed(shared, space, plug, run, registered[0], mark);
                     if changed || tries > MOVE_TRIES {
@@ -861,7 +864,6 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                         shared.move_hold.stop_if_armed(|| true);
                         shared.move_hold.over();
                     }
-                    let piece = copies.range(plug, run, at, piece_end - at);
                     move_out(shared, space, memory, &[piece], settled)[0]
                 }
             };
@@ -877,7 +879,7 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                 .counters
                 .discarded_by_move
                 .fetch_add((bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
-            if changed {
+            if changed && !stale {
                 shared
                     .counters
                     .discard_refused_changed
@@ -886,9 +888,14 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
             if stale {
                 // Pages that took a device's bytes after their copy moved
                 // out and could not go back: what of them is not in place
-                // has no copy anywhere. Each folio's finish poisons the
-                // pages it misses rather than bring back the old bytes.
-                kept.push((first, count, Kept::Stale));
+                // has no copy anywhere. The finish of each folio this move
+                // took from poisons the pages it misses rather than bring
+                // back the old bytes (those that left before by checked
+                // moves keep their copies); the rest of the run stays.
+                let fs = plug[first].region.folio_size;
+                let lo = first + (at - start) / fs;
+                let hi = first + (at + bytes - start).div_ceil(fs);
+                kept.push((lo, hi - lo, Kept::Stale));
                 shared.counters.stale_moves.fetch_add(1, Ordering::Relaxed);
                 continue 'runs;
             }
@@ -1217,10 +1224,16 @@ fn finish_plug(
         .zip(present)
         .enumerate()
         .map(|(k, ((v, result), present))| {
-            let why_kept = kept
-                .iter()
-                .find(|&&(first, count, _)| (first..first + count).contains(&k))
-                .map(|&(_, _, why)| why);
+            // A folio a stale move took from is poisoned whatever else kept
+            // part of it (a piece of it in a mapping that cannot move).
+            let covering = || {
+                kept.iter()
+                    .filter(move |&&(first, count, _)| (first..first + count).contains(&k))
+                    .map(|&(_, _, why)| why)
+            };
+            let why_kept = covering()
+                .find(|&why| why == Kept::Stale)
+                .or_else(|| covering().next());
             finish_folio(
                 shared,
                 space,
@@ -1425,10 +1438,12 @@ fn finish_folio(
     }
     if kept == Some(Kept::Stale) {
         if let Some(range) = stored {
-            // Pages of it left holding bytes that differ from the copy, and
-            // did not come back (`Discarded::stale`): the copy would give
-            // them old bytes. They read as SIGBUS, as for a copy found
-            // corrupt; the pages in place keep theirs.
+            // Pages of it left holding bytes that may differ from the copy,
+            // and did not come back (`Discarded::stale`): the copy would
+            // give them old bytes. They read as SIGBUS, as for a copy found
+            // corrupt; the pages in place keep theirs. So do pages the
+            // program moved away meanwhile where they went: those the move
+            // carried are in place there, the others are poisoned there.
             shared.store.invalidate(range);
             events::resolve_inheritors(
                 shared,
@@ -1438,10 +1453,14 @@ fn finish_folio(
                 Outcome::Poisoned,
                 follow_ups,
             );
+            let moved: Vec<(usize, usize)> = extras.moved_ranges().collect();
+            for &(to, len) in &moved {
+                poison_missing(space, to, len);
+            }
             space.take_extras(region, i);
             events::forget_folio_in_drops(shared, space, region.id, i);
             shared.resident.fetch_sub(fs, Ordering::AcqRel);
-            f.set(if !extras.unmapped.is_empty() || !extras.moved.is_empty() {
+            f.set(if extras.unmapped.covers(pages) {
                 GONE
             } else {
                 POISONED
@@ -1451,7 +1470,7 @@ fn finish_folio(
                 bring_back: false,
                 partly_lost: false,
                 unmovable: false,
-                moved: Vec::new(),
+                moved,
                 gone: true,
             };
         }
@@ -1549,6 +1568,26 @@ fn finish_folio(
         unmovable: kept == Some(Kept::Unmovable),
         moved: extras.moved_ranges().collect(),
         gone: stored.is_some(),
+    }
+}
+
+/// Poisons the missing pages of `start..start + len` in `space` (those in
+/// place keep their bytes), page by page: UFFDIO_POISON stops at a page
+/// that is there. Under the settled gate, where no event is unread but
+/// for one raised since the gate's probe: a page that then answers EAGAIN
+/// is left as it is, and reads as zeros (said on stderr).
+fn poison_missing(space: &Space, start: usize, len: usize) {
+    for page in (start..start + len).step_by(PAGE_SIZE) {
+        match space.uffd.poison(page, PAGE_SIZE) {
+            Ok(())
+            | Err(Partial {
+                error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone,
+                ..
+            }) => {}
+            Err(Partial { error, .. }) => {
+                eprintln!("uswap: poisoning a page with no copy at {page:#x}: {error}");
+            }
+        }
     }
 }
 
@@ -1729,6 +1768,12 @@ fn move_out_together(
         return heads;
     }
     let ranges: Vec<(usize, usize)> = runs.iter().map(|&run| run_range(plug, run)).collect();
+    // Hashed before the gate, which holds the event thread's reads off.
+    let checked: Vec<MoveRange> = runs
+        .iter()
+        .zip(&ranges)
+        .map(|(&run, &(start, len))| copies.range(plug, run, start, len))
+        .collect();
     let (settled, registered) = settled_gate(shared, space, &ranges);
     let chosen: Vec<usize> = (0..runs.len())
         .filter(|&k| !run_changed(shared, space, plug, runs[k], registered[k], mark))
@@ -1741,10 +1786,7 @@ fn move_out_together(
         shared.move_hold.stop_if_armed(|| true);
         shared.move_hold.over();
     }
-    let asked: Vec<MoveRange> = chosen
-        .iter()
-        .map(|&k| copies.range(plug, runs[k], ranges[k].0, ranges[k].1))
-        .collect();
+    let asked: Vec<MoveRange> = chosen.iter().map(|&k| checked[k]).collect();
     let moved = move_out(shared, space, memory, &asked, settled);
     for (&k, discarded) in chosen.iter().zip(moved) {
         heads[k] = Some(discarded);

@@ -143,10 +143,11 @@ pub struct Discarded {
     /// [`MoveRange`]): it went back, and nothing moved (`shared` too, as
     /// for a pinned page), unless `stale` says otherwise.
     pub changed: bool,
-    /// What moved did not hold the bytes stored for it, and some of it
-    /// could not go back (an event of the program came in after the move
-    /// out): the pages not back hold bytes nobody else has, and the stored
-    /// copy is wrong for them. `bytes` is what the move took.
+    /// What moved did not hold the bytes stored for it, or stopped part way
+    /// and could not be checked, and some of it could not go back (an event
+    /// of the program came in after the move out, or a change of its
+    /// protection): the pages not back may hold bytes nobody else has.
+    /// `bytes` is what the move took.
     pub stale: bool,
 }
 
@@ -204,7 +205,7 @@ impl Scratch {
     /// how many bytes from the start are gone that way (the caller drops
     /// the rest in place), or that the move must wait for the events.
     pub fn discard(&self, range: MoveRange) -> Discarded {
-        let MoveRange { start, len, expect } = range;
+        let MoveRange { start, len, .. } = range;
         debug_assert!(len <= SCRATCH_LEN);
         let mut state = self.state.lock().expect("scratch lock");
         let mut emptied = false;
@@ -278,41 +279,49 @@ impl Scratch {
                 changed: false,
                 stale: false,
             };
-            let checked = self.checked(at, start, discarded, expect);
+            let checked = self.checked(at, range, discarded);
             // The next move goes after what this one left.
             state.filled = Some(at + checked.bytes);
             return checked;
         }
     }
 
-    /// `discarded`, a move of pages from `start` into the scratch at `at`,
-    /// once checked against `expect` (see [`MoveRange`]): where what moved
-    /// does not hash to it, or where the move stopped part way (what moved
-    /// cannot be checked alone), the pages go back and nothing moved
-    /// (`shared` and `changed` where the move had not stopped); `stale`
-    /// where they did not all go back.
-    fn checked(&self, at: usize, start: usize, discarded: Discarded, expect: u64) -> Discarded {
+    /// `discarded`, a move of pages from `range.start` into the scratch at
+    /// `at`, once checked against `range.expect` (see [`MoveRange`]): where
+    /// what moved does not hash to it, or where the move stopped part way
+    /// (what moved cannot be checked alone; the kernel answers EAGAIN to a
+    /// move stopped by any page, mostly one shared or pinned), the pages go
+    /// back and nothing moved, `shared` (and `changed` where the move was
+    /// whole); `stale` where they did not all go back.
+    ///
+    /// A move out and back leaves the pages writable (the kernel makes a
+    /// moved page's entry writable and drops its write-protect bit): the
+    /// caller takes them as resident, and protects them again before any
+    /// other try.
+    fn checked(&self, at: usize, range: MoveRange, discarded: Discarded) -> Discarded {
         let moved = discarded.bytes;
-        let whole = !(discarded.again || discarded.shared || discarded.unmovable);
-        if expect == 0 || moved == 0 {
+        if range.expect == 0 || moved == 0 {
             return discarded;
         }
+        let whole = moved == range.len;
         if whole {
             // SAFETY: our own scratch, `moved` bytes from `at` (inside it:
             // the move took no more than what was left of it); holes in it
             // read as zeros, and only this thread, under the scratch lock,
             // moves pages in or out.
             let there = unsafe { std::slice::from_raw_parts((self.base + at) as *const u8, moved) };
-            if uswap_protocol::content_hash(there) == expect {
+            if uswap_protocol::content_hash(there) == range.expect {
                 return discarded;
             }
         }
-        match self.uffd.move_pages(start, self.base + at, moved) {
+        match self.uffd.move_pages(range.start, self.base + at, moved) {
             Ok(()) => Discarded {
                 bytes: 0,
-                shared: discarded.shared || whole,
+                again: false,
+                shared: true,
+                unmovable: false,
                 changed: whole,
-                ..discarded
+                stale: false,
             },
             Err(_) => Discarded {
                 changed: true,
