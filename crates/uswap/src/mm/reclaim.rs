@@ -22,12 +22,13 @@
 //! for the first moves of all the plug's runs). Each move is checked
 //! against the copy (`Copies`: a device may have written a page pinned
 //! before the protection, after the copy), and what differs goes back.
-//! What the kernel will not move stays in memory: read-only or locked memory, or memory of other
-//! protection (UNFIT until written), a page shared with a forked child or
-//! pinned (tried again later). Dropped in place, it would be zapped whatever the
-//! range holds once the drop's REMOVE event is read, memory another thread
-//! of the program moved or mapped there meanwhile included, and no check
-//! before the drop closes that window. Only where nothing moves (no
+//! What the kernel will not move stays in memory: read-only or locked
+//! memory, or memory of other protection (UNFIT until written), a page
+//! shared with a forked child or pinned (tried again later). Dropped in
+//! place, it would be zapped whatever the range holds once the drop's
+//! REMOVE event is read, memory another thread of the program moved or
+//! mapped there meanwhile included, and no check before the drop closes
+//! that window. Only where nothing moves (no
 //! UFFDIO_MOVE before Linux 6.8, or moves turned off) are stored pages
 //! dropped in place (MADV_DONTNEED), with the narrowing the event thread
 //! gives that window (`fault.rs`, `read_raw`). Adjacent folios
