@@ -3252,7 +3252,7 @@ fn a_process_events_are_read_once_its_agent_has_answered_a_move() {
         fn move_out(&self, start: usize, len: usize) -> Discarded {
             self.moves.move_out(start, len)
         }
-        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+        fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
             out.extend(ranges.iter().map(|r| self.moves.move_out(r.start, r.len)));
             self.answered.store(true, Ordering::SeqCst);
             if let Some(told) = self.told.lock().unwrap().take() {
@@ -3335,7 +3335,7 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
         fn move_out(&self, start: usize, len: usize) -> Discarded {
             self.moves.move_out(start, len)
         }
-        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+        fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
             self.requests.lock().unwrap().push(ranges.len());
             for (k, &MoveRange { start, len, .. }) in ranges.iter().enumerate() {
                 out.push(if k % 2 == 1 {
@@ -3370,7 +3370,7 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
             fn move_out(&self, start: usize, len: usize) -> Discarded {
                 self.0.move_out(start, len)
             }
-            fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+            fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
                 self.0.move_out_all(ranges, out)
             }
         }
@@ -3448,12 +3448,12 @@ fn stale_move_child() {
         fn move_out(&self, start: usize, len: usize) -> Discarded {
             self.moves.move_out(start, len)
         }
-        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+        fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
             for r in ranges {
                 let mut d = self.moves.move_out(r.start, r.len);
                 let mut stale = self.stale.lock().unwrap();
                 let whole = d.bytes == r.len && !(d.again || d.shared || d.unmovable);
-                if stale.is_none() && r.expect != 0 && whole {
+                if stale.is_none() && r.copy.is_some() && whole {
                     *stale = Some((r.start, r.len));
                     d.changed = true;
                     d.stale = true;
@@ -3470,7 +3470,7 @@ fn stale_move_child() {
         fn move_out(&self, start: usize, len: usize) -> Discarded {
             self.0.move_out(start, len)
         }
-        fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+        fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
             self.0.move_out_all(ranges, out)
         }
     }

@@ -135,20 +135,25 @@ impl DropPages for AgentLink {
         let range = MoveRange {
             start,
             len,
-            expect: 0,
+            copy: None,
         };
         self.move_out_all(&[range], &mut out);
         out[0]
     }
 
     /// One request per [`DISCARD_RANGES`] ranges: the agent moves them one
-    /// after the other, checks each against its hash, and answers for all.
-    fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+    /// after the other, checks each against the hash of its copy, and
+    /// answers for all. (Hashed here, with the event gate let go.)
+    fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
         let requests = ranges.len().div_ceil(DISCARD_RANGES);
         for (k, chunk) in ranges.chunks(DISCARD_RANGES).enumerate() {
             let mut asked = [(0, 0, 0); DISCARD_RANGES];
             for (a, r) in asked.iter_mut().zip(chunk) {
-                *a = (r.start as u64, r.len as u64, r.expect);
+                *a = (
+                    r.start as u64,
+                    r.len as u64,
+                    r.copy.map_or(0, uswap_protocol::content_hash),
+                );
             }
             // Before the request goes: its answer is looked for from then on.
             self.last_of_moves

@@ -114,7 +114,7 @@ impl DropPages for Dropper {
         self.0.move_out(start, len)
     }
 
-    fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+    fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
         self.0.move_out_all(ranges, out)
     }
 

@@ -89,9 +89,10 @@ pub trait DropPages: Send + Sync {
     /// in the process), the implementation asks for them all at once, so
     /// that an eviction batch of folios that are not adjacent costs one
     /// round trip, not one per folio. A mover that can compare what it
-    /// moved with each range's hash ([`MoveRange`]) does so (the agent
-    /// does); this default, for movers that cannot, passes it over.
-    fn move_out_all(&self, ranges: &[MoveRange], out: &mut Vec<Discarded>) {
+    /// moved with each range's copy ([`MoveRange`]) does so (the agent
+    /// does, by its hash); this default, for movers that cannot, passes it
+    /// over.
+    fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
         out.extend(ranges.iter().map(|r| self.move_out(r.start, r.len)));
     }
 
@@ -287,7 +288,7 @@ impl Memory {
     /// waits unread, and the move is refused.
     pub fn discard_quietly(
         &self,
-        ranges: &[MoveRange],
+        ranges: &[MoveRange<'_>],
         settled: std::sync::RwLockReadGuard<'_, ()>,
         out: &mut Vec<Discarded>,
     ) {

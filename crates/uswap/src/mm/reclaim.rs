@@ -789,8 +789,6 @@ fn flush(shared: &Shared, plug: &mut Vec<Victim>, staging: &mut Vec<u8>) -> Flus
                     // returned (see `fault.rs`, `read_raw`), which closes the
                     // window for a drop over one mapping: a drop never covers
                     // more than one.
-                    // Hashed before the gate, which holds the event
-                    // thread's reads off.
                     let piece = copies.range(plug, run, at, piece_end - at);
                     let (settled, registered) = settled_gate(shared, space, &[(at, end - at)]);
                     let changed = run_changed(shared, space, plug, run, registered[0], mark);
@@ -1046,19 +1044,19 @@ impl<'a> Copies<'a> {
     }
 
     /// `start..start + len`, part of `run` (all clean or none, see
-    /// [`Copies::split`]), with the hash of its copy (0 for clean folios).
+    /// [`Copies::split`]), with its copy (none for clean folios).
     fn range(
         &self,
         plug: &[Victim],
         (first, _): (usize, usize),
         start: usize,
         len: usize,
-    ) -> MoveRange {
-        let expect = self.at[first].map_or(0, |base| {
+    ) -> MoveRange<'a> {
+        let copy = self.at[first].map(|base| {
             let from = base + (start - plug[first].addr);
-            uswap_protocol::content_hash(&self.staging[from..from + len])
+            &self.staging[from..from + len]
         });
-        MoveRange { start, len, expect }
+        MoveRange { start, len, copy }
     }
 }
 
@@ -1769,7 +1767,6 @@ fn move_out_together(
         return heads;
     }
     let ranges: Vec<(usize, usize)> = runs.iter().map(|&run| run_range(plug, run)).collect();
-    // Hashed before the gate, which holds the event thread's reads off.
     let checked: Vec<MoveRange> = runs
         .iter()
         .zip(&ranges)
@@ -1822,7 +1819,7 @@ fn move_out(
     shared: &Shared,
     space: &Space,
     memory: &Memory,
-    ranges: &[MoveRange],
+    ranges: &[MoveRange<'_>],
     settled: std::sync::RwLockReadGuard<'_, ()>,
 ) -> Vec<Discarded> {
     space.move_in_flight.store(true, Ordering::SeqCst);

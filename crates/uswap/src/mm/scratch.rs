@@ -54,7 +54,7 @@
 //! pages move back from the scratch:
 //!
 //! ```text
-//!   move out --> hash(scratch part) == expect? --yes--> gone (the copy is right)
+//!   move out --> scratch part == copy? --yes--> gone (the copy is right)
 //!                      |no (or the move stopped part way)
 //!                      v
 //!                move back --ok--> nothing moved (`changed`, `shared`)
@@ -96,23 +96,25 @@ struct State {
     registered: bool,
 }
 
-/// A range of stored pages to move out, and a hash of the bytes stored for
-/// it (`uswap_protocol::content_hash`; 0: none to check against).
+/// A range of stored pages to move out, and the copy stored of it (none:
+/// nothing to check against).
 ///
-/// Why the hash: a page pinned for a device's write (an O_DIRECT read into
+/// Why the copy: a page pinned for a device's write (an O_DIRECT read into
 /// it) before the reclaimer write-protected it takes the device's bytes
 /// with no write-protect fault, and the move, which refuses only a page
 /// pinned at that instant, takes it once unpinned: the stored copy would be
-/// the old bytes. What moved is hashed and compared; where it differs the
-/// pages go back (see [`Discarded::shared`], [`Discarded::stale`]).
+/// the old bytes. What moved is compared with the copy (by another
+/// process's agent, with its hash: `uswap_protocol::content_hash`); where
+/// it differs the pages go back (see [`Discarded::shared`],
+/// [`Discarded::stale`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MoveRange {
+pub struct MoveRange<'a> {
     /// Page-aligned start.
     pub start: usize,
     /// Bytes, at most [`SCRATCH_LEN`].
     pub len: usize,
-    /// The hash the moved bytes must have, or 0.
-    pub expect: u64,
+    /// What the moved bytes must be (as long as the range), if known.
+    pub copy: Option<&'a [u8]>,
 }
 
 /// What a discard did.
@@ -201,10 +203,10 @@ impl Scratch {
 
     /// Moves the pages of `range` (stored, owned by the caller, at most
     /// [`SCRATCH_LEN`]) out of the program's memory, checked against its
-    /// hash (see [`MoveRange`]). The caller holds the settled gate. Returns
+    /// copy (see [`MoveRange`]). The caller holds the settled gate. Returns
     /// how many bytes from the start are gone that way (the caller drops
     /// the rest in place), or that the move must wait for the events.
-    pub fn discard(&self, range: MoveRange) -> Discarded {
+    pub fn discard(&self, range: MoveRange<'_>) -> Discarded {
         let MoveRange { start, len, .. } = range;
         debug_assert!(len <= SCRATCH_LEN);
         let mut state = self.state.lock().expect("scratch lock");
@@ -287,8 +289,8 @@ impl Scratch {
     }
 
     /// `discarded`, a move of pages from `range.start` into the scratch at
-    /// `at`, once checked against `range.expect` (see [`MoveRange`]): where
-    /// what moved does not hash to it, or where the move stopped part way
+    /// `at`, once checked against `range.copy` (see [`MoveRange`]): where
+    /// what moved differs from it, or where the move stopped part way
     /// (what moved cannot be checked alone; the kernel answers EAGAIN to a
     /// move stopped by any page, mostly one shared or pinned), the pages go
     /// back and nothing moved, `shared` (and `changed` where the move was
@@ -298,11 +300,11 @@ impl Scratch {
     /// moved page's entry writable and drops its write-protect bit): the
     /// caller takes them as resident, and protects them again before any
     /// other try.
-    fn checked(&self, at: usize, range: MoveRange, discarded: Discarded) -> Discarded {
+    fn checked(&self, at: usize, range: MoveRange<'_>, discarded: Discarded) -> Discarded {
         let moved = discarded.bytes;
-        if range.expect == 0 || moved == 0 {
+        let Some(copy) = range.copy.filter(|_| moved > 0) else {
             return discarded;
-        }
+        };
         let whole = moved == range.len;
         if whole {
             // SAFETY: our own scratch, `moved` bytes from `at` (inside it:
@@ -310,7 +312,7 @@ impl Scratch {
             // read as zeros, and only this thread, under the scratch lock,
             // moves pages in or out.
             let there = unsafe { std::slice::from_raw_parts((self.base + at) as *const u8, moved) };
-            if uswap_protocol::content_hash(there) == range.expect {
+            if there == copy {
                 return discarded;
             }
         }
