@@ -42,22 +42,38 @@ fn scratch_dir() -> &'static Path {
 /// tests that run the same program at the same time share one build rather
 /// than each write the file another may be starting.
 fn build(name: &str) -> PathBuf {
+    build_with(name, &[])
+}
+
+/// [`build`], with more flags for the compiler (`-static`): the build is
+/// named after the program and its flags.
+fn build_with(name: &str, flags: &[&str]) -> PathBuf {
     static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let key = std::iter::once(name)
+        .chain(flags.iter().copied())
+        .collect::<Vec<_>>()
+        .join("");
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, exe)) = built.iter().find(|(n, _)| n == name) {
+    if let Some((_, exe)) = built.iter().find(|(k, _)| *k == key) {
         return exe.clone();
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
-    let exe = scratch_dir().join(name);
+    let exe = scratch_dir().join(&key);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
-        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .args(["-O2", "-Wall", "-pthread"])
+        .args(flags)
+        .arg("-o")
         .arg(&exe)
         .arg(&src)
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler {cc}: {e}"));
-    assert!(status.success(), "compiling {}", src.display());
-    built.push((name.to_string(), exe.clone()));
+    assert!(
+        status.success(),
+        "compiling {} with {flags:?}",
+        src.display()
+    );
+    built.push((key, exe.clone()));
     exe
 }
 
@@ -326,6 +342,32 @@ fn an_o_direct_read_into_memory_being_evicted_keeps_the_bytes_read() {
         "kernelio ok",
         "O_DIRECT under reclaim",
     );
+}
+
+/// A program that does not load the agent (statically linked, so it
+/// ignores LD_PRELOAD, as a Go binary does) runs as it would alone, but
+/// none of its memory is managed: `uswap run` says so when it ends,
+/// rather than pass for a run held to the limit (it said nothing). The
+/// same program linked dynamically is managed, and nothing is said.
+#[test]
+fn a_program_that_does_not_load_the_agent_is_said_to_be_unmanaged() {
+    let unmanaged = "none of its memory was managed";
+    for (flags, managed) in [(&["-static"][..], false), (&[][..], true)] {
+        let exe = build_with("fillsum", flags);
+        let stats = exe.with_extension("stats");
+        let out = run(Command::new(USWAP)
+            .args(["run", "--memory-high", "16M", "--stats-file"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .arg("64"));
+        let alone = run(&mut Command::new(&exe).arg("64"));
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{flags:?}: {:?} {stderr}", out.status);
+        assert_eq!(stdout, text(&alone.stdout), "{flags:?}");
+        assert_eq!(stderr.contains(unmanaged), !managed, "{flags:?}: {stderr}");
+        assert_eq!(counters(&stats)["evicted_folios"] > 0, managed, "{flags:?}");
+    }
 }
 
 /// A program that dies with a core dump (`programs/coredump.c` aborts)

@@ -403,6 +403,8 @@ struct Supervisor {
     program: String,
     /// An image was refused (the run then exits 1).
     refused: AtomicBool,
+    /// An agent greeted the supervisor, at some time in the run.
+    agent_seen: AtomicBool,
     /// The program has exited: the threads below end.
     done: AtomicBool,
     /// An eventfd, readable once `done` is set: the threads waiting for a
@@ -432,6 +434,7 @@ impl Supervisor {
                 return;
             }
         };
+        self.agent_seen.store(true, Ordering::Release);
         let link = Arc::new(link);
         let refuse = |why: String| {
             if is_gone(pid) {
@@ -782,6 +785,7 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
             .collect::<Vec<_>>()
             .join(" "),
         refused: AtomicBool::new(false),
+        agent_seen: AtomicBool::new(false),
         done: AtomicBool::new(false),
         stop,
     });
@@ -840,6 +844,16 @@ pub fn run(args: &Args) -> Result<std::convert::Infallible, String> {
         );
     }
     let refused = sup.refused.load(Ordering::Acquire);
+    if !sup.agent_seen.load(Ordering::Acquire) {
+        // The agent comes in through LD_PRELOAD, which a statically linked
+        // program (a Go binary, say) and a set-user-ID one ignore: such a
+        // run would pass for one held to the limit.
+        eprintln!(
+            "uswap: no process of this run loaded the agent (a statically linked or \
+             set-user-ID program ignores LD_PRELOAD): none of its memory was managed, \
+             and --memory-high did not hold it"
+        );
+    }
     // Images still alive (children that outlived the program) get what the
     // store holds for them, then are let go.
     drop(sup);
