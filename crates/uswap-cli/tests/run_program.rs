@@ -361,7 +361,7 @@ fn a_program_that_does_not_load_the_agent_is_said_to_be_unmanaged() {
             .arg("--")
             .arg(&exe)
             .arg("64"));
-        let alone = run(&mut Command::new(&exe).arg("64"));
+        let alone = run(Command::new(&exe).arg("64"));
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert!(out.status.success(), "{flags:?}: {:?} {stderr}", out.status);
         assert_eq!(stdout, text(&alone.stdout), "{flags:?}");
