@@ -1031,6 +1031,11 @@ pub(crate) fn resolve_inheritors(
                 }
             }
             Outcome::Poisoned => {
+                // Pages the child moved away meanwhile lost their copy too.
+                super::swapin::poison_missing(
+                    &child,
+                    extras.moved_destinations(heir.region.folio_addr(i)),
+                );
                 child.take_extras(&heir.region, i);
                 if extras.unmapped.covers(pages) {
                     GONE
@@ -1080,6 +1085,10 @@ pub(crate) fn resolve_inheritors(
         let settled = match folio::state(next) {
             SWAPPED | LOADING => Outcome::Swapped(next),
             POISONED => Outcome::Poisoned,
+            // The child keeps nothing of it (unmapped, or every page
+            // dropped): what it forked meanwhile takes what it would have
+            // taken, as from a child gone.
+            GONE | UNTOUCHED => outcome,
             _ => Outcome::Resident,
         };
         resolve_inheritors(shared, child.id, heir.region.id, i, settled, follow_ups);

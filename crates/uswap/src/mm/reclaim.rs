@@ -69,7 +69,7 @@ use super::folio::{
 use super::memory::{Discarded, DropError, Memory, MoveRange, SCRATCH_LEN, STOPPED_RECHECK};
 use super::space::{Extras, RegionInner, Space};
 use super::swapin::{self, Worker};
-use super::uffd::{Partial, UffdError};
+use super::uffd::UffdError;
 use super::{FolioRef, Shared};
 use crate::page::{PageMask, PAGE_SIZE};
 use crate::zswap::{SlotRange, StoreError};
@@ -1452,10 +1452,8 @@ fn finish_folio(
                 Outcome::Poisoned,
                 follow_ups,
             );
+            swapin::poison_missing(space, extras.moved_destinations(region.folio_addr(i)));
             let moved: Vec<(usize, usize)> = extras.moved_ranges().collect();
-            for &(to, len) in &moved {
-                poison_missing(space, to, len);
-            }
             space.take_extras(region, i);
             events::forget_folio_in_drops(shared, space, region.id, i);
             shared.resident.fetch_sub(fs, Ordering::AcqRel);
@@ -1567,26 +1565,6 @@ fn finish_folio(
         unmovable: kept == Some(Kept::Unmovable),
         moved: extras.moved_ranges().collect(),
         gone: stored.is_some(),
-    }
-}
-
-/// Poisons the missing pages of `start..start + len` in `space` (those in
-/// place keep their bytes), page by page: UFFDIO_POISON stops at a page
-/// that is there. Under the settled gate, where no event is unread but
-/// for one raised since the gate's probe: a page that then answers EAGAIN
-/// is left as it is, and reads as zeros (said on stderr).
-fn poison_missing(space: &Space, start: usize, len: usize) {
-    for page in (start..start + len).step_by(PAGE_SIZE) {
-        match space.uffd.poison(page, PAGE_SIZE) {
-            Ok(())
-            | Err(Partial {
-                error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone,
-                ..
-            }) => {}
-            Err(Partial { error, .. }) => {
-                eprintln!("uswap: poisoning a page with no copy at {page:#x}: {error}");
-            }
-        }
     }
 }
 

@@ -243,6 +243,15 @@ impl Extras {
         }
     }
 
+    /// Where the pages moved out of this folio (at `folio_addr`) that have a
+    /// destination live now: not those dropped or unmapped there.
+    pub fn moved_destinations(&self, folio_addr: usize) -> impl Iterator<Item = usize> + '_ {
+        self.moved
+            .iter()
+            .flat_map(|&(lo, hi, _)| lo..hi)
+            .filter_map(move |p| self.destination(folio_addr, p))
+    }
+
     /// Applies an event over `start..end` to the pages moved out of this
     /// folio that live there now and are not back yet: dropped or unmapped
     /// ones are not installed, ones moved on are installed where they went.

@@ -85,6 +85,27 @@ impl Server for Worker {
     }
 }
 
+/// Poisons each of `pages` (addresses) in `space` that is missing (one in
+/// place keeps its bytes): a touch raises SIGBUS. For pages whose only
+/// copy was lost: where they live now, outside any folio that would say
+/// so at a fault. Called under the settled gate, where no event is unread
+/// but for one raised since the gate's probe: a page that then answers
+/// EAGAIN is left as it is, and reads as zeros (said on stderr).
+pub(crate) fn poison_missing(space: &Space, pages: impl Iterator<Item = usize>) {
+    for page in pages {
+        match space.uffd.poison(page, PAGE_SIZE) {
+            Ok(())
+            | Err(Partial {
+                error: UffdError::Exists | UffdError::NoMapping | UffdError::ProcessGone,
+                ..
+            }) => wake_range(space, page, PAGE_SIZE),
+            Err(Partial { error, .. }) => {
+                eprintln!("uswap: poisoning a page with no copy at {page:#x}: {error}");
+            }
+        }
+    }
+}
+
 /// What goes into the pages.
 #[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
