@@ -3358,26 +3358,10 @@ fn a_batch_of_moves_is_one_request_and_each_run_takes_its_own_outcome() {
             moves,
             requests: std::sync::Mutex::new(Vec::new()),
         });
-        struct Shared(Arc<OddRangesBusy>);
-        impl DropPages for Shared {
-            fn drop_pages(
-                &self,
-                start: usize,
-                len: usize,
-            ) -> Result<(), uswap::mm::memory::DropError> {
-                self.0.drop_pages(start, len)
-            }
-            fn move_out(&self, start: usize, len: usize) -> Discarded {
-                self.0.move_out(start, len)
-            }
-            fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
-                self.0.move_out_all(ranges, out)
-            }
-        }
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
         let attached = rt
-            .attach(uffd, pid, None, Box::new(Shared(requests.clone())))
+            .attach(uffd, pid, None, Box::new(requests.clone()))
             .unwrap();
         let len = 4 * MIB;
         let base = folio_aligned_mapping(len);
@@ -3462,18 +3446,6 @@ fn stale_move_child() {
             }
         }
     }
-    struct Shared(Arc<StaleOnce>);
-    impl DropPages for Shared {
-        fn drop_pages(&self, start: usize, len: usize) -> Result<(), uswap::mm::memory::DropError> {
-            self.0.drop_pages(start, len)
-        }
-        fn move_out(&self, start: usize, len: usize) -> Discarded {
-            self.0.move_out(start, len)
-        }
-        fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
-            self.0.move_out_all(ranges, out)
-        }
-    }
     let (rt, uffd, moves, _) = runtime_with_agent(None);
     let agent = Arc::new(StaleOnce {
         moves,
@@ -3481,9 +3453,7 @@ fn stale_move_child() {
     });
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    let attached = rt
-        .attach(uffd, pid, None, Box::new(Shared(agent.clone())))
-        .unwrap();
+    let attached = rt.attach(uffd, pid, None, Box::new(agent.clone())).unwrap();
     let len = 4 * MIB;
     let base = folio_aligned_mapping(len);
     attached.manage(base, len).unwrap();

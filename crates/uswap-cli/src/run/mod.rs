@@ -36,7 +36,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use uswap::mm::memory::{Discarded, DropError, DropPages, MoveRange};
 use uswap::mm::{Attached, Runtime};
 use uswap_protocol::{Verdict, SOCKET_ENV};
 
@@ -101,27 +100,6 @@ fn agent_memory(hello: &uswap_protocol::Hello) -> [(usize, usize); 2] {
 // The agent maps what the runtime registers.
 const _: () =
     assert!(uswap_protocol::BEACON_PAGES * uswap::page::PAGE_SIZE == uswap::mm::BEACON_SPAN);
-
-/// The agent link as the core's page dropper.
-struct Dropper(Arc<AgentLink>);
-
-impl DropPages for Dropper {
-    fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
-        self.0.drop_pages(start, len)
-    }
-
-    fn move_out(&self, start: usize, len: usize) -> Discarded {
-        self.0.move_out(start, len)
-    }
-
-    fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
-        self.0.move_out_all(ranges, out)
-    }
-
-    fn moves_answered(&self) -> bool {
-        self.0.moves_answered()
-    }
-}
 
 /// The program's pid, for the signal handlers (0: not started).
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -469,7 +447,7 @@ impl Supervisor {
             uffd,
             pid,
             Some(hello.beacon as usize),
-            Box::new(Dropper(link.clone())),
+            Box::new(link.clone()),
         ) {
             Ok(a) => a,
             Err(e) => return refuse(e.to_string()),
@@ -510,7 +488,7 @@ impl Supervisor {
         // The verdict (with the child's descriptor) is sent before the
         // child is evicted from (see `welcome`).
         let verdict = |uffd: std::os::fd::BorrowedFd| link.adopted(uffd);
-        let attached = match self.rt.adopt(pid, Box::new(Dropper(link.clone())), verdict) {
+        let attached = match self.rt.adopt(pid, Box::new(link.clone()), verdict) {
             Ok(a) => a,
             Err(e) => {
                 // Still served (through its fork event's descriptor), just

@@ -108,6 +108,26 @@ pub trait DropPages: Send + Sync {
     }
 }
 
+/// A dropper shared with its owner (who keeps a handle to it, as
+/// `uswap run` keeps its agent link) drops pages as itself.
+impl<T: DropPages + ?Sized> DropPages for std::sync::Arc<T> {
+    fn drop_pages(&self, start: usize, len: usize) -> Result<(), DropError> {
+        (**self).drop_pages(start, len)
+    }
+
+    fn move_out(&self, start: usize, len: usize) -> Discarded {
+        (**self).move_out(start, len)
+    }
+
+    fn move_out_all(&self, ranges: &[MoveRange<'_>], out: &mut Vec<Discarded>) {
+        (**self).move_out_all(ranges, out)
+    }
+
+    fn moves_answered(&self) -> bool {
+        (**self).moves_answered()
+    }
+}
+
 /// The memory of an address space the runtime evicts from.
 pub(crate) enum Memory {
     /// The runtime's own process, with the scratch its stored pages are
